@@ -1,0 +1,97 @@
+//! GPU access for Tessera.
+//!
+//! [`GpuDriver`] is the narrow trait the rest of Tessera uses to talk to the GPU
+//! driver; [`nvml::NvmlDriver`] implements it over NVML (the real library on a
+//! GPU node, the `sim/` stand-in on a simulated one) and [`fake::FakeDriver`] in
+//! memory for unit tests. The readers in [`procfs`] and [`devices`] find host facts
+//! under a configurable root, and [`discover`] puts it all together.
+#![deny(missing_docs)]
+
+pub mod devices;
+pub mod discover;
+pub mod fake;
+pub mod nvml;
+mod nvml_raw;
+pub mod procfs;
+
+use tessera_model::gpu::{
+    ComputeInstance, GpuInfo, GpuInstance, GpuInstanceProfileInfo, MigDevice,
+};
+use tessera_model::mig::Placement;
+
+/// Errors from the GPU driver.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// The NVML library could not be loaded or initialised.
+    #[error("cannot load NVML from {path}: {reason}")]
+    Load {
+        /// Library path tried.
+        path: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// An NVML call returned an error.
+    #[error("{call} failed: {reason}")]
+    Call {
+        /// The NVML function.
+        call: &'static str,
+        /// NVML's error text.
+        reason: String,
+    },
+    /// The request names something that does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The GPU cannot satisfy the request (placement taken, too many instances).
+    #[error("{0}")]
+    InsufficientResources(String),
+    /// The request is not valid for this GPU (illegal placement, unknown profile).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The instance is still in use (a GI that still holds CIs).
+    #[error("{0}")]
+    InUse(String),
+}
+
+/// The GPU operations Tessera needs, nothing more.
+pub trait GpuDriver {
+    /// Driver version string.
+    fn driver_version(&self) -> Result<String, DriverError>;
+    /// Every GPU, in index order, with its MIG mode.
+    fn gpus(&self) -> Result<Vec<GpuInfo>, DriverError>;
+    /// GPU-instance profiles the GPU supports (enumerated by NVML enum index).
+    fn gpu_instance_profiles(&self, gpu: u32) -> Result<Vec<GpuInstanceProfileInfo>, DriverError>;
+    /// Legal placements of a profile (by device profile id) on the GPU.
+    fn possible_placements(&self, gpu: u32, profile_id: u32) -> Result<Vec<Placement>, DriverError>;
+    /// GPU instances that exist on the GPU.
+    fn gpu_instances(&self, gpu: u32) -> Result<Vec<GpuInstance>, DriverError>;
+    /// Creates a GPU instance of a profile at an explicit placement.
+    fn create_gpu_instance(
+        &self,
+        gpu: u32,
+        profile_id: u32,
+        placement: Placement,
+    ) -> Result<GpuInstance, DriverError>;
+    /// Destroys a GPU instance; fails with [`DriverError::InUse`] while it holds compute instances.
+    fn destroy_gpu_instance(&self, gpu: u32, gpu_instance_id: u32) -> Result<(), DriverError>;
+    /// Compute instances inside a GPU instance.
+    fn compute_instances(
+        &self,
+        gpu: u32,
+        gpu_instance_id: u32,
+    ) -> Result<Vec<ComputeInstance>, DriverError>;
+    /// Creates the compute instance that spans the whole GPU instance.
+    fn create_compute_instance(
+        &self,
+        gpu: u32,
+        gpu_instance_id: u32,
+    ) -> Result<ComputeInstance, DriverError>;
+    /// Destroys a compute instance.
+    fn destroy_compute_instance(
+        &self,
+        gpu: u32,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+    ) -> Result<(), DriverError>;
+    /// MIG devices under a GPU, in MIG-index order (empty when MIG is off).
+    fn mig_devices(&self, gpu: u32) -> Result<Vec<MigDevice>, DriverError>;
+}

@@ -1,0 +1,143 @@
+//! CDI spec types, strict on read: an unknown field is an error, as in the reference loader.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A CDI spec file: one `vendor/class` and its devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Spec {
+    /// Spec format version; the minimum the content needs.
+    pub cdi_version: String,
+    /// `vendor/class`.
+    pub kind: String,
+    /// Spec-level annotations (cdiVersion ≥ 0.6.0).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// The devices; at least one.
+    pub devices: Vec<Device>,
+    /// Edits applied once when any device of the spec is used.
+    #[serde(default, skip_serializing_if = "ContainerEdits::is_empty")]
+    pub container_edits: ContainerEdits,
+}
+
+/// One named device of a spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Device {
+    /// Device name, unique within the spec.
+    pub name: String,
+    /// Device annotations (cdiVersion ≥ 0.6.0).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// What the device adds to a container; must not be empty.
+    pub container_edits: ContainerEdits,
+}
+
+/// Changes to an OCI container spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContainerEdits {
+    /// `KEY=VALUE` entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Device nodes to create in the container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<DeviceNode>,
+    /// OCI hooks to add.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<Hook>,
+    /// Mounts to add.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+    /// Intel RDT class (cdiVersion ≥ 0.7.0); kept opaque.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intel_rdt: Option<serde_json::Value>,
+    /// Extra supplementary group ids (cdiVersion ≥ 0.7.0; the spec spells it `additionalGids`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "additionalGids")]
+    pub additional_gids: Vec<u32>,
+    /// Network devices to move into the container (cdiVersion ≥ 1.1.0); kept opaque.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub net_devices: Vec<serde_json::Value>,
+}
+
+impl ContainerEdits {
+    /// True when the edits change nothing.
+    pub fn is_empty(&self) -> bool {
+        self.env.is_empty()
+            && self.device_nodes.is_empty()
+            && self.hooks.is_empty()
+            && self.mounts.is_empty()
+            && self.intel_rdt.is_none()
+            && self.additional_gids.is_empty()
+            && self.net_devices.is_empty()
+    }
+}
+
+/// A device node to create in the container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeviceNode {
+    /// Path in the container.
+    pub path: String,
+    /// Path on the host when it differs from `path` (cdiVersion ≥ 0.5.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+    /// `c`, `b`, `u` or `p`.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "type")]
+    pub node_type: Option<String>,
+    /// Major number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major: Option<i64>,
+    /// Minor number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<i64>,
+    /// File mode of the node in the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_mode: Option<u32>,
+    /// Cgroup access, a subset of `rwm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<String>,
+    /// Owner uid in the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Owner gid in the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+}
+
+/// A mount to add to the container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Mount {
+    /// Source on the host.
+    pub host_path: String,
+    /// Target in the container.
+    pub container_path: String,
+    /// Mount options (`ro`, `bind`, `nosuid`, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+    /// Filesystem type (cdiVersion ≥ 0.4.0).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "type")]
+    pub mount_type: Option<String>,
+}
+
+/// An OCI hook entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Hook {
+    /// `prestart`, `createRuntime`, `createContainer`, `startContainer`, `poststart` or `poststop`.
+    pub hook_name: String,
+    /// Absolute path of the executable on the host.
+    pub path: String,
+    /// argv, including argv\[0\].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// The hook's whole environment; Tessera always sets it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Timeout in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<i64>,
+}

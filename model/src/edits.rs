@@ -1,0 +1,1 @@
+//! Container edits from node facts.

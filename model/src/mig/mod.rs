@@ -1,0 +1,6 @@
+//! MIG: the profile catalogue of known GPU models and the placement engine.
+
+pub mod catalogue;
+pub mod placement;
+
+pub use placement::Placement;
