@@ -1,1 +1,114 @@
-//! placeholder
+//! `tessera-cdi`: CDI specs for a node's GPUs and MIG devices.
+//!
+//! Layered as discovery → edits → spec → writer: [`discover_node`] reads host
+//! facts through `tessera-driver`, `tessera_model::edits` turns them into
+//! container edits, [`static_spec`] assembles the spec with the minimum
+//! `cdiVersion` its content needs, and [`writer`] serializes it atomically.
+//! The binary's verbs live in [`commands`]; the device plugin reuses this
+//! library for its transient specs.
+
+pub mod commands;
+pub mod writer;
+
+use std::path::{Path, PathBuf};
+
+use tessera_driver::DriverError;
+use tessera_driver::discover::DiscoverError;
+use tessera_driver::nvml::NvmlDriver;
+use tessera_model::cdi::{Spec, SpecError};
+use tessera_model::edits::{self, HookSettings};
+use tessera_model::facts::NodeFacts;
+
+/// The vendor/class of the per-node static spec.
+pub const STATIC_KIND: &str = "tessera.io/gpu";
+/// Where the static spec goes by default.
+pub const DEFAULT_STATIC_SPEC_PATH: &str = "/var/run/cdi/tessera.io-gpu.json";
+
+/// Errors of the generator library; each renders as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiGenError {
+    /// The driver root is missing or not a directory.
+    #[error("driver root {path}: {reason}")]
+    DriverRoot {
+        /// The root given.
+        path: PathBuf,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// NVML could not be found or loaded.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// Host discovery failed.
+    #[error(transparent)]
+    Discover(#[from] DiscoverError),
+    /// The node has nothing to offer.
+    #[error(
+        "nothing to describe: no GPU without MIG and no MIG device on this node (MIG-enabled GPUs without instances are served by transient specs)"
+    )]
+    NoDevices,
+    /// The assembled spec broke a CDI rule (a bug, or hostile facts).
+    #[error("generated spec is invalid: {0}")]
+    Spec(#[from] SpecError),
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A spec file could not be parsed.
+    #[error("{path}: {reason}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with line and column where known.
+        reason: String,
+    },
+    /// A spec file parsed but breaks CDI rules; one problem per line.
+    #[error("{}", problems.iter().map(|p| format!("{}: {p}", path.display())).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Every problem found.
+        problems: Vec<String>,
+    },
+}
+
+/// Finds host facts under `driver_root` (`/` on a real node), loading NVML from
+/// `nvml_lib` or, when `None`, from the driver root's library directories.
+pub fn discover_node(
+    driver_root: &Path,
+    nvml_lib: Option<&Path>,
+) -> Result<NodeFacts, CdiGenError> {
+    match std::fs::metadata(driver_root) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(CdiGenError::DriverRoot {
+                path: driver_root.to_owned(),
+                reason: "not a directory".to_owned(),
+            });
+        }
+        Err(e) => {
+            return Err(CdiGenError::DriverRoot {
+                path: driver_root.to_owned(),
+                reason: e.to_string(),
+            });
+        }
+    }
+    let lib = match nvml_lib {
+        Some(p) => p.to_owned(),
+        None => tessera_driver::devices::find_nvml_library(driver_root)?,
+    };
+    let driver = NvmlDriver::load(&lib)?;
+    Ok(tessera_driver::discover::discover(driver_root, &driver)?)
+}
+
+/// Assembles the static `tessera.io/gpu` spec for the node.
+pub fn static_spec(facts: &NodeFacts, hook: &HookSettings) -> Result<Spec, CdiGenError> {
+    let devices = edits::static_devices(facts);
+    if devices.is_empty() {
+        return Err(CdiGenError::NoDevices);
+    }
+    Ok(Spec::new(STATIC_KIND, devices, edits::common(facts, hook))?)
+}

@@ -1,1 +1,84 @@
-fn main() {}
+//! `tessera-cdi`: generate, list and validate CDI specs for a node's GPUs.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tessera_cdi::commands::{generate, list, validate};
+
+#[derive(Parser)]
+#[command(
+    name = "tessera-cdi",
+    version,
+    about = "CDI specs for a node's GPUs and MIG devices"
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Discover GPUs and MIG devices and write the static `tessera.io/gpu` spec.
+    Generate(generate::GenerateArgs),
+    /// Show what the node offers.
+    List(list::ListArgs),
+    /// Check a spec file strictly; one line per problem.
+    Validate(validate::ValidateArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    let result = match &cli.command {
+        Command::Generate(args) => generate::run(args).map(|g| {
+            if g.output.as_os_str() != "-" {
+                eprintln!(
+                    "tessera-cdi: wrote {} ({} devices, cdiVersion {})",
+                    g.output.display(),
+                    g.devices,
+                    g.cdi_version
+                );
+            }
+        }),
+        Command::List(args) => list::run(args).map(|table| print!("{table}")),
+        Command::Validate(args) => validate::run(args).map(|spec| {
+            println!(
+                "{}: valid (cdiVersion {}, kind {}, {} devices)",
+                args.file.display(),
+                spec.cdi_version,
+                spec.kind,
+                spec.devices.len()
+            );
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            for line in err.to_string().lines() {
+                eprintln!("tessera-cdi: {line}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

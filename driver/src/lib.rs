@@ -61,7 +61,8 @@ pub trait GpuDriver {
     /// GPU-instance profiles the GPU supports (enumerated by NVML enum index).
     fn gpu_instance_profiles(&self, gpu: u32) -> Result<Vec<GpuInstanceProfileInfo>, DriverError>;
     /// Legal placements of a profile (by device profile id) on the GPU.
-    fn possible_placements(&self, gpu: u32, profile_id: u32) -> Result<Vec<Placement>, DriverError>;
+    fn possible_placements(&self, gpu: u32, profile_id: u32)
+    -> Result<Vec<Placement>, DriverError>;
     /// GPU instances that exist on the GPU.
     fn gpu_instances(&self, gpu: u32) -> Result<Vec<GpuInstance>, DriverError>;
     /// Creates a GPU instance of a profile at an explicit placement.

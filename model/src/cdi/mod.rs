@@ -1,5 +1,58 @@
 //! CDI (Container Device Interface) spec types and rules.
+//!
+//! - [`spec`]: the spec file types, strict on read, and [`Spec::new`], which
+//!   validates and stamps the minimum `cdiVersion`;
+//! - [`name`]: vendor, class, kind and device names, and qualified names;
+//! - [`version`]: known versions and the minimum version a spec needs;
+//! - [`validate`]: every problem of a spec, each naming its field;
+//! - [`merge`]: folding container edits the way runtimes apply them;
+//! - [`annotations`]: the `cdi.k8s.io/…` annotation form.
+//!
+//! The rules follow the reference Go library, `tags.cncf.io/container-device-interface`
+//! (spec 1.1.0), which containerd, CRI-O and podman load specs with.
 
+pub mod annotations;
+pub mod merge;
+pub mod name;
 pub mod spec;
+pub mod validate;
+pub mod version;
 
-pub use spec::{ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
+pub use annotations::{
+    ANNOTATION_PREFIX, AnnotationError, CdiAnnotations, annotation_key, annotation_key_shortened,
+    annotation_value, parse_annotation_value, parse_annotations, tessera_annotation,
+};
+pub use merge::DeviceCgroupRule;
+pub use name::{Class, DeviceName, Kind, NameError, QualifiedName, Vendor};
+pub use spec::{
+    ContainerEdits, Device, DeviceNode, HOOK_NAMES, Hook, IntelRdt, Mount, NetDevice, Spec,
+    SpecError,
+};
+pub use validate::SpecProblem;
+pub use version::{CdiVersion, VersionError, minimum_version};
+
+/// Tessera's CDI vendor.
+pub const VENDOR: &str = "tessera.io";
+
+/// The kind of Tessera's static per-node spec.
+pub const GPU_KIND: &str = "tessera.io/gpu";
+
+/// The kind of Tessera's transient per-allocation specs.
+pub const ALLOC_KIND: &str = "tessera.io/alloc";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contract_kinds_are_valid_and_share_the_vendor() {
+        for kind in [GPU_KIND, ALLOC_KIND] {
+            let parsed = Kind::parse(kind).expect("contract kind is valid");
+            assert_eq!(parsed.vendor.as_str(), VENDOR);
+            assert!(
+                !parsed.class.as_str().contains('.'),
+                "no 0.6.0 needed for {kind}"
+            );
+        }
+    }
+}

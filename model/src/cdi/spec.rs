@@ -4,6 +4,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::validate::SpecProblem;
+use super::version::minimum_version;
+
 /// A CDI spec file: one `vendor/class` and its devices.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -51,15 +54,19 @@ pub struct ContainerEdits {
     /// Mounts to add.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<Mount>,
-    /// Intel RDT class (cdiVersion ≥ 0.7.0); kept opaque.
+    /// Intel RDT class (cdiVersion ≥ 0.7.0; `schemata` and `enableMonitoring` ≥ 1.1.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub intel_rdt: Option<serde_json::Value>,
+    pub intel_rdt: Option<IntelRdt>,
     /// Extra supplementary group ids (cdiVersion ≥ 0.7.0; the spec spells it `additionalGids`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "additionalGids")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        rename = "additionalGids"
+    )]
     pub additional_gids: Vec<u32>,
-    /// Network devices to move into the container (cdiVersion ≥ 1.1.0); kept opaque.
+    /// Network devices to move into the container (cdiVersion ≥ 1.1.0).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub net_devices: Vec<serde_json::Value>,
+    pub net_devices: Vec<NetDevice>,
 }
 
 impl ContainerEdits {
@@ -140,4 +147,108 @@ pub struct Hook {
     /// Timeout in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<i64>,
+}
+
+/// Intel RDT (resource director technology) settings for the container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IntelRdt {
+    /// The class of service; a file name under the resctrl root, or `/` for the root class.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "closID")]
+    pub clos_id: Option<String>,
+    /// L3 cache allocation schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l3_cache_schema: Option<String>,
+    /// Memory bandwidth allocation schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_bw_schema: Option<String>,
+    /// Raw schemata lines (cdiVersion ≥ 1.1.0, even when empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schemata: Option<Vec<String>>,
+    /// Turn on resctrl monitoring (cdiVersion ≥ 1.1.0).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enable_monitoring: bool,
+}
+
+/// A host network interface to move into the container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetDevice {
+    /// The interface's name on the host.
+    pub host_interface_name: String,
+    /// The interface's name in the container.
+    pub name: String,
+}
+
+/// The hook names the reference loader accepts, in OCI lifecycle order.
+pub const HOOK_NAMES: [&str; 6] = [
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+];
+
+/// A spec could not be built because its content is invalid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The content breaks one or more rules; every problem is listed.
+    #[error("invalid CDI spec for kind {kind:?}: {}", join_problems(problems))]
+    Invalid {
+        /// The kind of the rejected spec.
+        kind: String,
+        /// Every problem found, in document order.
+        problems: Vec<SpecProblem>,
+    },
+}
+
+fn join_problems(problems: &[SpecProblem]) -> String {
+    problems
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl Spec {
+    /// Builds a spec of `kind` with `devices` and spec-level `container_edits`,
+    /// validates it, and sets `cdi_version` to the minimum its content needs, so
+    /// the oldest runtimes that can load it will.
+    pub fn new(
+        kind: &str,
+        devices: Vec<Device>,
+        container_edits: ContainerEdits,
+    ) -> Result<Spec, SpecError> {
+        let mut spec = Spec {
+            cdi_version: String::new(),
+            kind: kind.to_owned(),
+            annotations: BTreeMap::new(),
+            devices,
+            container_edits,
+        };
+        spec.cdi_version = minimum_version(&spec).to_string();
+        spec.validate().map_err(|problems| SpecError::Invalid {
+            kind: kind.to_owned(),
+            problems,
+        })?;
+        Ok(spec)
+    }
+
+    /// Sets `cdi_version` to the minimum the content needs, after a change made
+    /// through the public fields (annotations, say); [`Spec::validate`] checks the rest.
+    pub fn set_minimum_version(&mut self) {
+        self.cdi_version = minimum_version(self).to_string();
+    }
+}
+
+impl Device {
+    /// A device with no annotations; [`Spec::new`] validates it.
+    pub fn new(name: impl Into<String>, container_edits: ContainerEdits) -> Device {
+        Device {
+            name: name.into(),
+            annotations: BTreeMap::new(),
+            container_edits,
+        }
+    }
 }

@@ -3,4 +3,7 @@
 pub mod catalogue;
 pub mod placement;
 
-pub use placement::Placement;
+pub use catalogue::{GiProfileSpec, GpuModelSpec, MigSpec};
+pub use placement::{
+    Occupancy, Placement, PlacementError, PlacementPolicy, ProfileLayout, ProfilePlacements,
+};

@@ -1,1 +1,77 @@
-//! placeholder
+//! A stand-in for NVIDIA's `libnvidia-ml.so.1`, backed by a simulated node.
+//!
+//! Built as a cdylib (`libtessera_sim_nvml.so`), which the node builder
+//! installs as `<root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1`. Programs
+//! load it exactly as they load the real library (Tessera's `driver` crate
+//! through `nvml-wrapper`, with `Nvml::builder().lib_path(..)`), and get the
+//! GPUs, MIG mode and MIG instances of the node whose state file lives under
+//! that root (`tessera_sim::state`). GPU and compute instances are created
+//! and destroyed through the simulated driver's rules (`tessera_sim::mig`)
+//! and written back to the state file, so every process serving the same
+//! node sees them.
+//!
+//! - [`ffi`]: the C ABI: return codes, constants and `#[repr(C)]` structs of
+//!   `nvml.h`, written independently of any binding crate.
+//! - `exports`: the exported functions, listed below.
+//! - `root`: which node the library serves (`TESSERA_SIM_ROOT`, or where the
+//!   library was loaded from).
+//! - `node`: the init reference count and the cached, stamp-checked node state.
+//! - `handle`, `lookup`: handles are tagged integers, checked on every call.
+//! - `profiles`: what NVML reports about profiles, from the model catalogue.
+//!
+//! Every call before `nvmlInit*` (and after the matching `nvmlShutdown`)
+//! returns `NVML_ERROR_UNINITIALIZED`, except `nvmlErrorString`. `nvmlInit*`
+//! returns `NVML_ERROR_DRIVER_NOT_LOADED`, with one line on stderr naming
+//! what it looked for, when no node can be found. A panic inside any call
+//! returns `NVML_ERROR_UNKNOWN`. Set `TESSERA_SIM_DEBUG=1` for a line naming
+//! the node served and the reason behind state-file errors.
+//!
+//! # Exported functions
+//!
+//! System: `nvmlInit`, `nvmlInit_v2`, `nvmlInitWithFlags`, `nvmlShutdown`,
+//! `nvmlErrorString`, `nvmlSystemGetDriverVersion`,
+//! `nvmlSystemGetNVMLVersion`, `nvmlSystemGetCudaDriverVersion`,
+//! `nvmlSystemGetCudaDriverVersion_v2`.
+//!
+//! Devices: `nvmlDeviceGetCount`, `nvmlDeviceGetCount_v2`,
+//! `nvmlDeviceGetHandleByIndex`, `nvmlDeviceGetHandleByIndex_v2`,
+//! `nvmlDeviceGetHandleByUUID`, `nvmlDeviceGetIndex`, `nvmlDeviceGetUUID`,
+//! `nvmlDeviceGetName`, `nvmlDeviceGetMinorNumber`, `nvmlDeviceGetMemoryInfo`,
+//! `nvmlDeviceGetMemoryInfo_v2`, `nvmlDeviceGetMigMode`,
+//! `nvmlDeviceSetMigMode`, `nvmlDeviceGetMaxMigDeviceCount`,
+//! `nvmlDeviceGetMigDeviceHandleByIndex`,
+//! `nvmlDeviceGetDeviceHandleFromMigDeviceHandle`,
+//! `nvmlDeviceIsMigDeviceHandle`, `nvmlDeviceGetGpuInstanceId`,
+//! `nvmlDeviceGetComputeInstanceId`.
+//!
+//! MIG: `nvmlDeviceGetGpuInstanceProfileInfo`,
+//! `nvmlDeviceGetGpuInstanceProfileInfoV`,
+//! `nvmlDeviceGetGpuInstancePossiblePlacements_v2`,
+//! `nvmlDeviceGetGpuInstanceRemainingCapacity`, `nvmlDeviceCreateGpuInstance`,
+//! `nvmlDeviceCreateGpuInstanceWithPlacement`, `nvmlGpuInstanceDestroy`,
+//! `nvmlDeviceGetGpuInstances`, `nvmlDeviceGetGpuInstanceById`,
+//! `nvmlGpuInstanceGetInfo`, `nvmlGpuInstanceGetComputeInstanceProfileInfo`,
+//! `nvmlGpuInstanceGetComputeInstanceProfileInfoV`,
+//! `nvmlGpuInstanceGetComputeInstanceRemainingCapacity`,
+//! `nvmlGpuInstanceGetComputeInstancePossiblePlacements`,
+//! `nvmlGpuInstanceCreateComputeInstance`,
+//! `nvmlGpuInstanceCreateComputeInstanceWithPlacement`,
+//! `nvmlComputeInstanceDestroy`, `nvmlGpuInstanceGetComputeInstances`,
+//! `nvmlGpuInstanceGetComputeInstanceById`, `nvmlComputeInstanceGetInfo`,
+//! `nvmlComputeInstanceGetInfo_v2`.
+//!
+//! Anything else is absent: `nvml-wrapper` resolves symbols lazily, so a
+//! program only notices when it calls one (`FailedToLoadSymbol`).
+
+pub mod ffi;
+
+mod exports;
+mod handle;
+mod lookup;
+mod node;
+mod out;
+mod profiles;
+mod root;
+
+pub use node::DEBUG_ENV;
+pub use root::ROOT_ENV;

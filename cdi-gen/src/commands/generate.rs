@@ -1,0 +1,76 @@
+//! `tessera-cdi generate`: discover the node and write its static spec.
+
+use std::path::PathBuf;
+
+use tessera_model::edits::{DEFAULT_HOOK_PATH, HOOK_PATH_ENV, HookSettings};
+
+use super::NodeArgs;
+use crate::writer::{self, Format};
+use crate::{CdiGenError, DEFAULT_STATIC_SPEC_PATH};
+
+/// Arguments of `generate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    /// Where the node is.
+    pub node: NodeArgs,
+    /// Spec file to write (atomically, mode 0644); `-` writes to standard output.
+    #[arg(long, short, value_name = "FILE", default_value = DEFAULT_STATIC_SPEC_PATH)]
+    pub output: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "json")]
+    pub format: Format,
+    /// Host path of the hook binary named in the spec.
+    #[arg(long, value_name = "FILE", default_value = DEFAULT_HOOK_PATH)]
+    pub hook_path: String,
+}
+
+/// What `generate` did, for the caller to report.
+#[derive(Debug)]
+pub struct Generated {
+    /// Where the spec went (`-` for standard output).
+    pub output: PathBuf,
+    /// Number of devices in the spec.
+    pub devices: usize,
+    /// The spec's `cdiVersion`.
+    pub cdi_version: String,
+}
+
+/// Discovers the node, builds the static spec and writes it.
+pub fn run(args: &GenerateArgs) -> Result<Generated, CdiGenError> {
+    if !args.hook_path.starts_with('/') {
+        return Err(CdiGenError::Parse {
+            path: PathBuf::from("--hook-path"),
+            reason: format!("{:?} is not an absolute path", args.hook_path),
+        });
+    }
+    let facts = crate::discover_node(&args.node.driver_root, args.node.nvml_lib.as_deref())?;
+    let hook = HookSettings {
+        path: args.hook_path.clone(),
+        env: vec![HOOK_PATH_ENV.to_owned()],
+    };
+    let spec = crate::static_spec(&facts, &hook)?;
+    let text = writer::render(&spec, args.format)?;
+    if args.output.as_os_str() == "-" {
+        use std::io::Write;
+        std::io::stdout()
+            .write_all(text.as_bytes())
+            .map_err(|source| CdiGenError::Io {
+                path: PathBuf::from("<stdout>"),
+                source,
+            })?;
+    } else {
+        writer::write_atomic(&args.output, text.as_bytes())?;
+    }
+    tracing::info!(
+        output = %args.output.display(),
+        devices = spec.devices.len(),
+        cdi_version = %spec.cdi_version,
+        "spec written"
+    );
+    Ok(Generated {
+        output: args.output.clone(),
+        devices: spec.devices.len(),
+        cdi_version: spec.cdi_version,
+    })
+}

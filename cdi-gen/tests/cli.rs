@@ -1,0 +1,213 @@
+//! `tessera-cdi` on bad input: one clear line on stderr, exit status 1, no
+//! panic, and the output file left exactly as it was.
+
+mod support;
+
+use std::fs;
+use std::path::Path;
+
+use support::{create_node, stderr_of, tessera_cdi};
+
+/// Runs `generate` against `root` into `out` and returns the single error line.
+fn generate_fails(root: &Path, out: &Path) -> String {
+    let result = tessera_cdi([
+        "generate".as_ref(),
+        "--driver-root".as_ref(),
+        root.as_os_str(),
+        "--output".as_ref(),
+        out.as_os_str(),
+    ]);
+    let stderr = stderr_of(&result);
+    assert_eq!(result.status.code(), Some(1), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "want one error line, got: {stderr}");
+    assert!(lines[0].starts_with("tessera-cdi: "), "{stderr}");
+    lines[0].to_owned()
+}
+
+/// A node and an existing spec file whose bytes must survive a failed run.
+fn node_with_previous_spec(
+    profile: &str,
+) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("node");
+    create_node(profile, &root);
+    let out = dir.path().join("tessera.io-gpu.json");
+    fs::write(&out, b"previous spec").unwrap();
+    (dir, root, out)
+}
+
+fn assert_untouched(out: &Path) {
+    assert_eq!(
+        fs::read(out).unwrap(),
+        b"previous spec",
+        "output file changed"
+    );
+    let dir = out.parent().unwrap();
+    let leftovers: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+#[test]
+fn missing_driver_root_is_one_line_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("spec.json");
+    fs::write(&out, b"previous spec").unwrap();
+    let line = generate_fails(&dir.path().join("absent"), &out);
+    assert!(
+        line.contains("driver root") && line.contains("absent"),
+        "{line}"
+    );
+    assert!(line.contains("No such file or directory"), "{line}");
+    assert_untouched(&out);
+}
+
+#[test]
+fn driver_root_without_nvml_is_one_line() {
+    let (_dir, root, out) = node_with_previous_spec("demo");
+    fs::remove_file(root.join("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")).unwrap();
+    let line = generate_fails(&root, &out);
+    assert!(line.contains("libnvidia-ml.so.1"), "{line}");
+    assert_untouched(&out);
+}
+
+#[test]
+fn nvml_that_fails_to_load_is_one_line() {
+    let (_dir, root, out) = node_with_previous_spec("demo");
+    fs::write(
+        root.join("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
+        b"not an ELF file",
+    )
+    .unwrap();
+    let line = generate_fails(&root, &out);
+    assert!(line.contains("NVML"), "{line}");
+    assert_untouched(&out);
+}
+
+#[test]
+fn corrupt_mig_minors_names_file_and_line() {
+    let (_dir, root, out) = node_with_previous_spec("demo");
+    let path = root.join("proc/driver/nvidia-caps/mig-minors");
+    let mut text = fs::read_to_string(&path).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    lines[6] = "gpu0/gi1/access".to_owned();
+    text = lines.join("\n");
+    fs::write(&path, text).unwrap();
+    let line = generate_fails(&root, &out);
+    assert!(line.contains("mig-minors line 7"), "{line}");
+    assert!(line.contains("gpu0/gi1/access"), "{line}");
+    assert_untouched(&out);
+}
+
+#[test]
+fn unknown_gpu_model_in_the_node_is_one_line() {
+    let (_dir, root, out) = node_with_previous_spec("demo");
+    let path = root.join("run/tessera-sim/state.json");
+    let state = fs::read_to_string(&path)
+        .unwrap()
+        .replacen("\"H100-80GB\"", "\"H300-1TB\"", 1);
+    fs::write(&path, state).unwrap();
+    let line = generate_fails(&root, &out);
+    assert!(line.contains("NVML"), "{line}");
+    assert_untouched(&out);
+}
+
+#[test]
+fn relative_hook_path_is_refused() {
+    let (_dir, root, out) = node_with_previous_spec("demo");
+    let result = tessera_cdi([
+        "generate".as_ref(),
+        "--driver-root".as_ref(),
+        root.as_os_str(),
+        "--output".as_ref(),
+        out.as_os_str(),
+        "--hook-path".as_ref(),
+        "tessera-hook".as_ref(),
+    ]);
+    let stderr = stderr_of(&result);
+    assert_eq!(result.status.code(), Some(1));
+    assert!(
+        stderr.contains("--hook-path") && stderr.contains("absolute"),
+        "{stderr}"
+    );
+    assert_untouched(&out);
+}
+
+#[test]
+fn list_shows_every_device_of_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("node");
+    create_node("demo", &root);
+    let result = tessera_cdi(["list".as_ref(), "--driver-root".as_ref(), root.as_os_str()]);
+    assert!(result.status.success(), "{}", stderr_of(&result));
+    let table = String::from_utf8_lossy(&result.stdout);
+    assert!(table.contains("tessera.io/gpu=0 "), "{table}");
+    assert!(table.contains("tessera.io/gpu=1:0"), "{table}");
+    assert!(table.contains("/dev/nvidia-caps/nvidia-cap"), "{table}");
+    assert!(
+        !table.contains("tessera.io/gpu=1 "),
+        "MIG GPU offered whole: {table}"
+    );
+}
+
+#[test]
+fn validate_accepts_a_generated_spec_and_reports_every_problem_of_a_bad_one() {
+    let (dir, root, out) = node_with_previous_spec("demo");
+    let ok = tessera_cdi([
+        "generate".as_ref(),
+        "--driver-root".as_ref(),
+        root.as_os_str(),
+        "--output".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert!(ok.status.success(), "{}", stderr_of(&ok));
+    let valid = tessera_cdi(["validate".as_ref(), out.as_os_str()]);
+    assert!(valid.status.success(), "{}", stderr_of(&valid));
+    assert!(String::from_utf8_lossy(&valid.stdout).contains("valid"));
+
+    // Two problems at once: a bad node type and a relative mount target.
+    let mut spec: serde_json::Value = serde_json::from_slice(&fs::read(&out).unwrap()).unwrap();
+    spec["devices"][0]["containerEdits"]["deviceNodes"][0]["type"] = "x".into();
+    spec["containerEdits"]["mounts"][0]["containerPath"] = "relative/lib.so".into();
+    let bad = dir.path().join("bad.json");
+    fs::write(&bad, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let result = tessera_cdi(["validate".as_ref(), bad.as_os_str()]);
+    let stderr = stderr_of(&result);
+    assert_eq!(result.status.code(), Some(1));
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "one line per problem: {stderr}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("devices[0].containerEdits.deviceNodes[0].type")),
+        "{stderr}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("containerEdits.mounts[0].containerPath")),
+        "{stderr}"
+    );
+
+    // An unknown field fails the whole spec, as in the reference loader.
+    spec = serde_json::from_slice(&fs::read(&out).unwrap()).unwrap();
+    spec["devices"][0]["surprise"] = true.into();
+    fs::write(&bad, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let result = tessera_cdi(["validate".as_ref(), bad.as_os_str()]);
+    let stderr = stderr_of(&result);
+    assert_eq!(result.status.code(), Some(1));
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("surprise"), "{stderr}");
+
+    // Not JSON at all.
+    fs::write(&bad, b"{ not json").unwrap();
+    let result = tessera_cdi(["validate".as_ref(), bad.as_os_str()]);
+    let stderr = stderr_of(&result);
+    assert_eq!(result.status.code(), Some(1));
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("bad.json"), "{stderr}");
+}

@@ -1,0 +1,81 @@
+//! Golden tests: the spec `tessera-cdi generate` writes for shipped node
+//! profiles, compared byte for byte with files in `tests/golden/`. The files
+//! were reviewed by hand (device names and nodes against the profile, cap minors
+//! against mig-minors, cdiVersion against the rules); the node root, which is a
+//! temporary directory, is written as `/ROOT`. `TESSERA_BLESS=1` rewrites them —
+//! review the diff before committing.
+
+mod support;
+
+use std::fs;
+use std::path::Path;
+
+use support::{create_node, stderr_of, tessera_cdi};
+
+const PROFILES: [&str; 5] = ["demo", "mig-mixed", "a30", "rtx-pro-6000", "h100-80gb"];
+
+fn generate(profile: &str, format: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("node");
+    create_node(profile, &root);
+    let out = dir.path().join(format!("spec.{format}"));
+    let result = tessera_cdi([
+        "generate".as_ref(),
+        "--driver-root".as_ref(),
+        root.as_os_str(),
+        "--format".as_ref(),
+        format.as_ref(),
+        "--output".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert!(result.status.success(), "{profile}: {}", stderr_of(&result));
+    fs::read_to_string(&out)
+        .unwrap()
+        .replace(root.to_str().unwrap(), "/ROOT")
+}
+
+fn check(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("TESSERA_BLESS").is_some() {
+        fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (TESSERA_BLESS=1 writes it)", path.display()));
+    if expected != actual {
+        let first = expected
+            .lines()
+            .zip(actual.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(expected.lines().count().min(actual.lines().count()));
+        panic!(
+            "{name} differs from the golden file at line {}:\n  golden: {:?}\n  actual: {:?}",
+            first + 1,
+            expected.lines().nth(first),
+            actual.lines().nth(first)
+        );
+    }
+}
+
+#[test]
+fn generated_specs_match_the_reviewed_golden_files() {
+    for profile in PROFILES {
+        check(&format!("{profile}.json"), &generate(profile, "json"));
+    }
+}
+
+#[test]
+fn yaml_output_holds_the_same_spec_as_json() {
+    let json: serde_json::Value = serde_json::from_str(&generate("demo", "json")).unwrap();
+    let yaml = generate("demo", "yaml");
+    check("demo.yaml", &yaml);
+    let from_yaml: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(json, from_yaml);
+}
+
+#[test]
+fn generating_twice_gives_the_same_bytes() {
+    assert_eq!(generate("mig-mixed", "json"), generate("mig-mixed", "json"));
+}

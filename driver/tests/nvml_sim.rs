@@ -1,0 +1,338 @@
+//! `NvmlDriver` end to end against the simulated node: the `tessera-sim` builder
+//! lays out a node (profile `demo`) in a temp dir with the NVML stand-in installed
+//! as `<root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1`, and the driver loads it
+//! exactly as it loads the real library.
+//!
+//! Needs `target/<profile>/tessera-sim` and `libtessera_sim_nvml.so` next to the
+//! test's own `deps/` directory: build them first with
+//! `cargo build -p tessera-sim -p tessera-sim-nvml`. Without them every test here
+//! prints `SKIPPED: …` to stderr and passes, unless `TESSERA_REQUIRE_SIM` is set
+//! (CI), which makes it fail.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tessera_driver::devices::find_nvml_library;
+use tessera_driver::discover::discover;
+use tessera_driver::nvml::NvmlDriver;
+use tessera_driver::{DriverError, GpuDriver};
+use tessera_model::mig::Placement;
+
+/// Set (to anything) in CI to make a missing simulated node a failure, not a skip.
+const REQUIRE_SIM_ENV: &str = "TESSERA_REQUIRE_SIM";
+
+/// The index of the demo node's MIG GPU (an A100-40GB).
+const MIG_GPU: u32 = 1;
+
+fn p(start: u32, size: u32) -> Placement {
+    Placement { start, size }
+}
+
+/// The sim builder and the NVML stand-in, next to this test's `deps/` directory.
+fn sim_artefacts() -> Result<(PathBuf, PathBuf), String> {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the test executable: {e}"))?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| format!("{} has no grandparent directory", exe.display()))?;
+    let sim = dir.join("tessera-sim");
+    let lib = dir.join("libtessera_sim_nvml.so");
+    for path in [&sim, &lib] {
+        if !path.is_file() {
+            return Err(format!(
+                "{} is missing; run `cargo build -p tessera-sim -p tessera-sim-nvml` first",
+                path.display()
+            ));
+        }
+    }
+    Ok((sim, lib))
+}
+
+/// Builds a demo node in a fresh temp dir, or says why it cannot.
+fn demo_node() -> Result<tempfile::TempDir, String> {
+    let (sim, _lib) = sim_artefacts()?;
+    if std::env::var_os("TESSERA_SIM_ROOT").is_some_and(|v| !v.is_empty()) {
+        return Err(
+            "TESSERA_SIM_ROOT is set, so the stand-in would serve that node instead".into(),
+        );
+    }
+    let root = tempfile::tempdir().map_err(|e| format!("cannot make a temp dir: {e}"))?;
+    let out = Command::new(&sim)
+        .args(["create", "--profile", "demo", "--root"])
+        .arg(root.path())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", sim.display()))?;
+    assert!(
+        out.status.success(),
+        "tessera-sim create failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(root)
+}
+
+macro_rules! demo_node_or_skip {
+    () => {
+        match demo_node() {
+            Ok(root) => root,
+            Err(reason) if std::env::var_os(REQUIRE_SIM_ENV).is_some() => {
+                panic!("{REQUIRE_SIM_ENV} is set, but: {reason}")
+            }
+            Err(reason) => {
+                // Straight to the stderr handle: libtest captures `eprintln!`, and a
+                // skip must show even when the test passes.
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stderr(), "SKIPPED: {}: {reason}", module_path!());
+                return;
+            }
+        }
+    };
+}
+
+fn load(root: &Path) -> NvmlDriver {
+    let lib = find_nvml_library(root).expect("the sim node has libnvidia-ml.so.1");
+    assert_eq!(lib, root.join("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"));
+    NvmlDriver::load(&lib).expect("load the NVML stand-in")
+}
+
+#[test]
+fn nvml_driver_manages_mig_on_the_simulated_node() {
+    let root = demo_node_or_skip!();
+    let driver = load(root.path());
+
+    // Enumeration.
+    assert!(!driver.driver_version().unwrap().is_empty());
+    let gpus = driver.gpus().unwrap();
+    assert_eq!(gpus.len(), 2, "{gpus:#?}");
+    assert_eq!(gpus[0].index, 0);
+    assert!(gpus[0].name.contains("H100"), "{:?}", gpus[0].name);
+    assert!(!gpus[0].mig_enabled());
+    let a100 = &gpus[MIG_GPU as usize];
+    assert!(a100.name.contains("A100"), "{:?}", a100.name);
+    assert!(a100.mig_enabled());
+    assert!(a100.uuid.starts_with("GPU-"), "{:?}", a100.uuid);
+    assert!(
+        (39_000..=41_000).contains(&a100.memory_mib),
+        "{}",
+        a100.memory_mib
+    );
+
+    // Profiles: (enum, id, name) of the A100-40GB, per reference/mig.md.
+    let profiles = driver.gpu_instance_profiles(MIG_GPU).unwrap();
+    let got: Vec<(u32, u32, &str)> = profiles
+        .iter()
+        .map(|p| (p.enum_index, p.id, p.name.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, 19, "1g.5gb"),
+            (1, 14, "2g.10gb"),
+            (2, 9, "3g.20gb"),
+            (3, 5, "4g.20gb"),
+            (4, 0, "7g.40gb"),
+            (7, 20, "1g.5gb+me"),
+            (9, 15, "1g.10gb"),
+        ]
+    );
+    let by_id = |id: u32| profiles.iter().find(|p| p.id == id).unwrap();
+    assert_eq!((by_id(9).slice_count, by_id(9).instance_count), (3, 2));
+    assert_eq!(by_id(0).multiprocessor_count, 98);
+
+    // Possible placements (not nvml-wrapper's buggy empty list).
+    assert_eq!(
+        driver.possible_placements(MIG_GPU, 9).unwrap(),
+        [p(0, 4), p(4, 4)]
+    );
+    assert_eq!(
+        driver.possible_placements(MIG_GPU, 15).unwrap(),
+        [p(0, 2), p(2, 2), p(4, 2), p(6, 2)]
+    );
+    assert_eq!(
+        driver.possible_placements(MIG_GPU, 19).unwrap(),
+        (0..7).map(|s| p(s, 1)).collect::<Vec<_>>()
+    );
+
+    // The demo's instances: 3g.20gb@4, 2g.10gb@0, 1g.5gb@2, each with a CI.
+    let existing = driver.gpu_instances(MIG_GPU).unwrap();
+    let mut layout: Vec<(u32, Placement)> = existing
+        .iter()
+        .map(|gi| (gi.profile_id, gi.placement))
+        .collect();
+    layout.sort_by_key(|(_, pl)| pl.start);
+    assert_eq!(layout, [(14, p(0, 2)), (19, p(2, 1)), (9, p(4, 4))]);
+    let before = driver.mig_devices(MIG_GPU).unwrap();
+    assert_eq!(before.len(), 3, "{before:#?}");
+    assert!(
+        driver.mig_devices(0).unwrap().is_empty(),
+        "MIG off: no MIG devices"
+    );
+
+    // Overlap and illegal placements are refused with the right kinds.
+    let err = driver
+        .create_gpu_instance(MIG_GPU, 19, p(2, 1))
+        .unwrap_err();
+    assert!(
+        matches!(err, DriverError::InsufficientResources(_)),
+        "{err:?}"
+    );
+    let err = driver.create_gpu_instance(MIG_GPU, 9, p(2, 4)).unwrap_err();
+    assert!(matches!(err, DriverError::InvalidArgument(_)), "{err:?}");
+
+    // Create a 1g.5gb at the free slice 3, with its CI.
+    let gi = driver.create_gpu_instance(MIG_GPU, 19, p(3, 1)).unwrap();
+    assert_eq!(
+        (gi.gpu_index, gi.profile_id, gi.placement),
+        (MIG_GPU, 19, p(3, 1))
+    );
+    assert!(driver.gpu_instances(MIG_GPU).unwrap().contains(&gi));
+    let ci = driver.create_compute_instance(MIG_GPU, gi.id).unwrap();
+    assert_eq!(ci.gpu_instance_id, gi.id);
+    assert_eq!(driver.compute_instances(MIG_GPU, gi.id).unwrap(), [ci]);
+
+    let devices = driver.mig_devices(MIG_GPU).unwrap();
+    assert_eq!(devices.len(), 4, "{devices:#?}");
+    let mine = devices
+        .iter()
+        .find(|m| m.gpu_instance_id == gi.id)
+        .expect("the new instance is a MIG device");
+    assert!(mine.uuid.starts_with("MIG-"), "{:?}", mine.uuid);
+    assert_eq!(mine.compute_instance_id, ci.id);
+    assert_eq!(mine.profile, "1g.5gb");
+    assert_eq!(mine.placement, p(3, 1));
+    assert_eq!(mine.parent_index, MIG_GPU);
+    assert!(
+        (4_000..=5_500).contains(&mine.memory_mib),
+        "{}",
+        mine.memory_mib
+    );
+
+    // Discovery sees it too, with cap nodes from the sim's /proc.
+    let facts = discover(root.path(), &driver).unwrap();
+    let gpu = &facts.gpus[MIG_GPU as usize];
+    let found = gpu
+        .mig_devices
+        .iter()
+        .find(|m| m.device.uuid == mine.uuid)
+        .expect("discover reports the new MIG device");
+    assert_eq!(
+        found.gi_cap.container_path,
+        format!("/dev/nvidia-caps/nvidia-cap{}", found.gi_cap.minor)
+    );
+    assert_ne!(found.gi_cap.minor, found.ci_cap.minor);
+    assert_eq!(found.gi_cap.major, found.ci_cap.major);
+
+    // A GI with a CI is in use; CI first, then GI.
+    let err = driver.destroy_gpu_instance(MIG_GPU, gi.id).unwrap_err();
+    assert!(matches!(err, DriverError::InUse(_)), "{err:?}");
+    driver
+        .destroy_compute_instance(MIG_GPU, gi.id, ci.id)
+        .unwrap();
+    assert!(driver.compute_instances(MIG_GPU, gi.id).unwrap().is_empty());
+    driver.destroy_gpu_instance(MIG_GPU, gi.id).unwrap();
+    assert!(
+        !driver
+            .gpu_instances(MIG_GPU)
+            .unwrap()
+            .iter()
+            .any(|g| g.id == gi.id)
+    );
+    let err = driver.destroy_gpu_instance(MIG_GPU, gi.id).unwrap_err();
+    assert!(matches!(err, DriverError::NotFound(_)), "{err:?}");
+    assert_eq!(driver.mig_devices(MIG_GPU).unwrap(), before);
+}
+
+#[test]
+fn instances_persist_across_driver_instances() {
+    let root = demo_node_or_skip!();
+    let gi = {
+        let driver = load(root.path());
+        let gi = driver.create_gpu_instance(MIG_GPU, 19, p(3, 1)).unwrap();
+        driver.create_compute_instance(MIG_GPU, gi.id).unwrap();
+        gi
+    };
+    // The stand-in keeps GI/CI state in a file under the root; a second load
+    // of the same library (same process) sees the instance.
+    let driver = load(root.path());
+    assert!(driver.gpu_instances(MIG_GPU).unwrap().contains(&gi));
+    let out = Command::new(sim_artefacts().unwrap().0)
+        .args(["show", "--root"])
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let devices = driver.mig_devices(MIG_GPU).unwrap();
+    let mine = devices.iter().find(|m| m.gpu_instance_id == gi.id).unwrap();
+    assert!(
+        shown.contains(&mine.uuid),
+        "tessera-sim show lacks {}:\n{shown}",
+        mine.uuid
+    );
+}
+
+#[test]
+fn discover_on_the_demo_node() {
+    let root = demo_node_or_skip!();
+    let driver = load(root.path());
+    let facts = discover(root.path(), &driver).unwrap();
+    assert_eq!(facts.gpus.len(), 2);
+    for gpu in &facts.gpus {
+        assert_eq!(
+            gpu.node.container_path,
+            format!("/dev/nvidia{}", gpu.info.minor)
+        );
+        assert_eq!(gpu.node.major, 195);
+        assert_eq!(gpu.node.minor, gpu.info.minor);
+    }
+    assert!(facts.gpus[0].mig_devices.is_empty());
+    let mig = &facts.gpus[MIG_GPU as usize].mig_devices;
+    assert_eq!(mig.len(), 3);
+    for m in mig {
+        // The sim lays out the cap nodes of its pre-created instances: the numbers
+        // discovery takes from /proc must match the nodes on disk.
+        for cap in [&m.gi_cap, &m.ci_cap] {
+            assert_eq!(
+                cap.host_path,
+                root.path()
+                    .join(&cap.container_path[1..])
+                    .display()
+                    .to_string()
+            );
+            if let Some(node) =
+                tessera_driver::devices::char_device(root.path(), &cap.container_path[1..]).unwrap()
+            {
+                assert_eq!(
+                    (node.major, node.minor),
+                    (cap.major, cap.minor),
+                    "{}",
+                    cap.container_path
+                );
+            }
+        }
+    }
+    let ctl: Vec<&str> = facts
+        .control_nodes
+        .iter()
+        .map(|n| n.container_path.as_str())
+        .collect();
+    assert_eq!(
+        ctl,
+        ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    );
+    let libs: Vec<&str> = facts
+        .libraries
+        .iter()
+        .map(|f| f.container_path.as_str())
+        .collect();
+    assert!(
+        libs.contains(&"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
+        "{libs:?}"
+    );
+    assert!(
+        libs.contains(&"/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        "{libs:?}"
+    );
+}

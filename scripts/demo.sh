@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Tessera demo on a simulated GPU node, as root on a fresh Debian machine:
+# builds Tessera, creates a node with two GPUs (GPU 0: H100 80GB, whole;
+# GPU 1: A100 40GB in MIG mode with three instances), generates its CDI spec,
+# and runs podman containers that ask for `tessera.io/gpu=0` and for a MIG
+# device, showing the device nodes each one sees.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$tessera_root"
+
+tessera_install_packages
+tessera_install_rust
+tessera_fix_hybrid_cgroups
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "build"
+cargo build --release --locked -p tessera-cdi -p tessera-sim -p tessera-sim-nvml -p tessera-hook
+bin="$tessera_root/target/release"
+
+work=${TESSERA_DEMO_DIR:-/tmp/tessera-demo}
+node="$work/node"
+rootfs="$work/rootfs"
+spec=/var/run/cdi/tessera.io-gpu.json
+mkdir -p "$work"
+
+step "simulated node: tessera-sim create --profile demo --root $node"
+"$bin/tessera-sim" create --profile demo --root "$node" --force
+"$bin/tessera-sim" show --root "$node"
+
+step "what the node offers: tessera-cdi list"
+"$bin/tessera-cdi" list --driver-root "$node"
+
+step "static spec: tessera-cdi generate -> $spec"
+if [ -e "$spec" ]; then
+    cp "$spec" "$work/previous-tessera.io-gpu.json"
+    echo "(an existing $spec was saved to $work/previous-tessera.io-gpu.json)"
+fi
+"$bin/tessera-cdi" generate --driver-root "$node" --hook-path "$bin/tessera-hook" --output "$spec"
+"$bin/tessera-cdi" validate "$spec"
+jq -r '.devices[].name' "$spec" | sed 's/^/  tessera.io\/gpu=/'
+
+step "a busybox root filesystem for the containers"
+rm -rf "$rootfs" && mkdir -p "$rootfs/bin"
+cp "$(command -v busybox)" "$rootfs/bin/busybox"
+for applet in sh ls cat; do ln -sf busybox "$rootfs/bin/$applet"; done
+
+# This machine's sandbox may forbid raising rlimits past the current ones;
+# podman asks for huge ones by default, so pin them.
+podman_run=(podman run --rm --network none --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --rootfs "$rootfs")
+show_nodes='ls -l /dev/nvidia* /dev/nvidia-caps 2>/dev/null'
+
+mig_device=$(jq -r '[.devices[].name | select(test("^[0-9]+:[0-9]+$"))][0]' "$spec")
+
+step "podman run --device tessera.io/gpu=0  (the whole H100)"
+"${podman_run[@]}" --device tessera.io/gpu=0 /bin/sh -c "$show_nodes"
+
+step "podman run --device tessera.io/gpu=$mig_device  (a MIG instance of the A100)"
+"${podman_run[@]}" --device "tessera.io/gpu=$mig_device" /bin/sh -c "$show_nodes"
+
+step "podman run without a GPU"
+"${podman_run[@]}" /bin/sh -c "$show_nodes || echo 'no NVIDIA device nodes'"
+
+step "done"
+echo "The spec stays at $spec; the simulated node at $node."
+echo "Remove both with: rm -rf $node $spec"

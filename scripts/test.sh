@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every Tessera check on a fresh Debian machine, as root: installs what it
+# needs, then format, lints, unit, integration and end-to-end tests (real
+# podman, runc and crun on a simulated GPU node), and a short benchmark smoke run.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$tessera_root"
+
+tessera_install_packages
+tessera_install_rust
+tessera_fix_hybrid_cgroups
+
+echo "== format"
+cargo fmt --all --check
+echo "== clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== tests (unit, integration, end-to-end)"
+# One build serves every stage: the test run builds the binaries and the
+# simulated NVML library that the integration and end-to-end tests call.
+cargo test --workspace --locked --no-fail-fast
+echo "== benchmark smoke run"
+TESSERA_BENCH_QUICK=1 bash scripts/bench-cdi.sh

@@ -1,0 +1,440 @@
+//! The slice of NVML's C ABI this library implements: return codes, constants,
+//! opaque handle types and the `#[repr(C)]` structs, written from `nvml.h`
+//! (API version 13) and checked against the `nvml-wrapper-sys` 0.10 bindings
+//! by the size and offset tests below. Field order and C types are what
+//! matter; field names are ours (snake case, the C name in each doc line).
+
+use std::ffi::{c_char, c_uint, c_ulonglong};
+use std::mem::size_of;
+
+/// `nvmlReturn_t`: a C enum, passed as `unsigned int`.
+pub type NvmlReturn = c_uint;
+
+/// `NVML_SUCCESS`.
+pub const SUCCESS: NvmlReturn = 0;
+/// `NVML_ERROR_UNINITIALIZED`.
+pub const ERROR_UNINITIALIZED: NvmlReturn = 1;
+/// `NVML_ERROR_INVALID_ARGUMENT`.
+pub const ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+/// `NVML_ERROR_NOT_SUPPORTED`.
+pub const ERROR_NOT_SUPPORTED: NvmlReturn = 3;
+/// `NVML_ERROR_NO_PERMISSION`.
+pub const ERROR_NO_PERMISSION: NvmlReturn = 4;
+/// `NVML_ERROR_ALREADY_INITIALIZED` (deprecated, never returned).
+pub const ERROR_ALREADY_INITIALIZED: NvmlReturn = 5;
+/// `NVML_ERROR_NOT_FOUND`.
+pub const ERROR_NOT_FOUND: NvmlReturn = 6;
+/// `NVML_ERROR_INSUFFICIENT_SIZE`.
+pub const ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+/// `NVML_ERROR_INSUFFICIENT_POWER`.
+pub const ERROR_INSUFFICIENT_POWER: NvmlReturn = 8;
+/// `NVML_ERROR_DRIVER_NOT_LOADED`.
+pub const ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
+/// `NVML_ERROR_TIMEOUT`.
+pub const ERROR_TIMEOUT: NvmlReturn = 10;
+/// `NVML_ERROR_IRQ_ISSUE`.
+pub const ERROR_IRQ_ISSUE: NvmlReturn = 11;
+/// `NVML_ERROR_LIBRARY_NOT_FOUND`.
+pub const ERROR_LIBRARY_NOT_FOUND: NvmlReturn = 12;
+/// `NVML_ERROR_FUNCTION_NOT_FOUND`.
+pub const ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
+/// `NVML_ERROR_CORRUPTED_INFOROM`.
+pub const ERROR_CORRUPTED_INFOROM: NvmlReturn = 14;
+/// `NVML_ERROR_GPU_IS_LOST`.
+pub const ERROR_GPU_IS_LOST: NvmlReturn = 15;
+/// `NVML_ERROR_RESET_REQUIRED`.
+pub const ERROR_RESET_REQUIRED: NvmlReturn = 16;
+/// `NVML_ERROR_OPERATING_SYSTEM`.
+pub const ERROR_OPERATING_SYSTEM: NvmlReturn = 17;
+/// `NVML_ERROR_LIB_RM_VERSION_MISMATCH`.
+pub const ERROR_LIB_RM_VERSION_MISMATCH: NvmlReturn = 18;
+/// `NVML_ERROR_IN_USE`.
+pub const ERROR_IN_USE: NvmlReturn = 19;
+/// `NVML_ERROR_MEMORY`.
+pub const ERROR_MEMORY: NvmlReturn = 20;
+/// `NVML_ERROR_NO_DATA`.
+pub const ERROR_NO_DATA: NvmlReturn = 21;
+/// `NVML_ERROR_VGPU_ECC_NOT_SUPPORTED`.
+pub const ERROR_VGPU_ECC_NOT_SUPPORTED: NvmlReturn = 22;
+/// `NVML_ERROR_INSUFFICIENT_RESOURCES`.
+pub const ERROR_INSUFFICIENT_RESOURCES: NvmlReturn = 23;
+/// `NVML_ERROR_FREQ_NOT_SUPPORTED`.
+pub const ERROR_FREQ_NOT_SUPPORTED: NvmlReturn = 24;
+/// `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`: a versioned struct's `version` is not one we know.
+pub const ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+/// `NVML_ERROR_DEPRECATED`.
+pub const ERROR_DEPRECATED: NvmlReturn = 26;
+/// `NVML_ERROR_NOT_READY`.
+pub const ERROR_NOT_READY: NvmlReturn = 27;
+/// `NVML_ERROR_GPU_NOT_FOUND`.
+pub const ERROR_GPU_NOT_FOUND: NvmlReturn = 28;
+/// `NVML_ERROR_INVALID_STATE`.
+pub const ERROR_INVALID_STATE: NvmlReturn = 29;
+/// `NVML_ERROR_RESET_TYPE_NOT_SUPPORTED`.
+pub const ERROR_RESET_TYPE_NOT_SUPPORTED: NvmlReturn = 30;
+/// `NVML_ERROR_UNKNOWN`: also what a panic inside the library turns into.
+pub const ERROR_UNKNOWN: NvmlReturn = 999;
+
+/// `NVML_DEVICE_MIG_DISABLE`.
+pub const DEVICE_MIG_DISABLE: c_uint = 0;
+/// `NVML_DEVICE_MIG_ENABLE`.
+pub const DEVICE_MIG_ENABLE: c_uint = 1;
+
+/// `NVML_GPU_INSTANCE_PROFILE_COUNT` of the current header (0x12: the last
+/// enum is `3_SLICE_GFX` = 0x11). Enum indexes at or past it are
+/// `INVALID_ARGUMENT`, which is how callers find the end of the enumeration.
+pub const GPU_INSTANCE_PROFILE_COUNT: c_uint = 0x12;
+/// `NVML_COMPUTE_INSTANCE_PROFILE_COUNT` of the current header (9: the last
+/// enum is `7_SLICE_NVL` = 8).
+pub const COMPUTE_INSTANCE_PROFILE_COUNT: c_uint = 9;
+/// `NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED`, the only engine profile.
+pub const COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: c_uint = 0;
+/// `NVML_GPU_INSTANCE_PROFILE_CAPS_GFX`.
+pub const GPU_INSTANCE_PROFILE_CAPS_GFX: c_uint = 2;
+/// `NVML_COMPUTE_INSTANCE_PROFILE_CAPS_GFX`.
+pub const COMPUTE_INSTANCE_PROFILE_CAPS_GFX: c_uint = 1;
+
+/// `NVML_DEVICE_NAME_V2_BUFFER_SIZE`: room for any name we return.
+pub const DEVICE_NAME_V2_BUFFER_SIZE: usize = 96;
+/// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
+pub const DEVICE_UUID_V2_BUFFER_SIZE: usize = 96;
+/// Size of the `name` arrays in the versioned profile-info structs.
+pub const PROFILE_NAME_SIZE: usize = 96;
+
+/// Opaque target of `nvmlDevice_t` (never dereferenced: handles are tagged integers).
+#[repr(C)]
+pub struct NvmlDeviceSt {
+    _opaque: [u8; 0],
+}
+/// `nvmlDevice_t`.
+pub type NvmlDevice = *mut NvmlDeviceSt;
+
+/// Opaque target of `nvmlGpuInstance_t`.
+#[repr(C)]
+pub struct NvmlGpuInstanceSt {
+    _opaque: [u8; 0],
+}
+/// `nvmlGpuInstance_t`.
+pub type NvmlGpuInstance = *mut NvmlGpuInstanceSt;
+
+/// Opaque target of `nvmlComputeInstance_t`.
+#[repr(C)]
+pub struct NvmlComputeInstanceSt {
+    _opaque: [u8; 0],
+}
+/// `nvmlComputeInstance_t`.
+pub type NvmlComputeInstance = *mut NvmlComputeInstanceSt;
+
+/// `NVML_STRUCT_VERSION(data, ver)`: `sizeof(struct) | ver << 24`.
+pub const fn struct_version(size: usize, version: u32) -> c_uint {
+    (size as c_uint) | (version << 24)
+}
+
+/// `nvmlMemory_t`, in bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlMemory {
+    /// `total`.
+    pub total: c_ulonglong,
+    /// `free`.
+    pub free: c_ulonglong,
+    /// `used`.
+    pub used: c_ulonglong,
+}
+
+/// `nvmlMemory_v2_t`, in bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlMemoryV2 {
+    /// `version`: [`MEMORY_V2`].
+    pub version: c_uint,
+    /// `total`.
+    pub total: c_ulonglong,
+    /// `reserved`.
+    pub reserved: c_ulonglong,
+    /// `free`.
+    pub free: c_ulonglong,
+    /// `used` (includes `reserved`).
+    pub used: c_ulonglong,
+}
+/// `nvmlMemory_v2`.
+pub const MEMORY_V2: c_uint = struct_version(size_of::<NvmlMemoryV2>(), 2);
+
+/// `nvmlGpuInstancePlacement_t` (and `nvmlComputeInstancePlacement_t`, same layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlPlacement {
+    /// `start`: first memory slice (compute slice for a CI).
+    pub start: c_uint,
+    /// `size`: slices.
+    pub size: c_uint,
+}
+
+/// `nvmlGpuInstanceProfileInfo_t` (unversioned, v1).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlGpuInstanceProfileInfo {
+    /// `id`: the device profile id.
+    pub id: c_uint,
+    /// `isP2pSupported`.
+    pub is_p2p_supported: c_uint,
+    /// `sliceCount`: compute slices.
+    pub slice_count: c_uint,
+    /// `instanceCount`: most instances of the profile.
+    pub instance_count: c_uint,
+    /// `multiprocessorCount`.
+    pub multiprocessor_count: c_uint,
+    /// `copyEngineCount`.
+    pub copy_engine_count: c_uint,
+    /// `decoderCount`.
+    pub decoder_count: c_uint,
+    /// `encoderCount`.
+    pub encoder_count: c_uint,
+    /// `jpegCount`.
+    pub jpeg_count: c_uint,
+    /// `ofaCount`.
+    pub ofa_count: c_uint,
+    /// `memorySizeMB` (MiB).
+    pub memory_size_mb: c_ulonglong,
+}
+
+/// `nvmlGpuInstanceProfileInfo_v2_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlGpuInstanceProfileInfoV2 {
+    /// `version`: [`GPU_INSTANCE_PROFILE_INFO_V2`].
+    pub version: c_uint,
+    /// `id`.
+    pub id: c_uint,
+    /// `isP2pSupported`.
+    pub is_p2p_supported: c_uint,
+    /// `sliceCount`.
+    pub slice_count: c_uint,
+    /// `instanceCount`.
+    pub instance_count: c_uint,
+    /// `multiprocessorCount`.
+    pub multiprocessor_count: c_uint,
+    /// `copyEngineCount`.
+    pub copy_engine_count: c_uint,
+    /// `decoderCount`.
+    pub decoder_count: c_uint,
+    /// `encoderCount`.
+    pub encoder_count: c_uint,
+    /// `jpegCount`.
+    pub jpeg_count: c_uint,
+    /// `ofaCount`.
+    pub ofa_count: c_uint,
+    /// `memorySizeMB`.
+    pub memory_size_mb: c_ulonglong,
+    /// `name`, e.g. `MIG 1g.10gb`.
+    pub name: [c_char; PROFILE_NAME_SIZE],
+}
+/// `nvmlGpuInstanceProfileInfo_v2`.
+pub const GPU_INSTANCE_PROFILE_INFO_V2: c_uint =
+    struct_version(size_of::<NvmlGpuInstanceProfileInfoV2>(), 2);
+
+/// `nvmlGpuInstanceProfileInfo_v3_t`: no `isP2pSupported`, a `capabilities` word at the end.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlGpuInstanceProfileInfoV3 {
+    /// `version`: [`GPU_INSTANCE_PROFILE_INFO_V3`].
+    pub version: c_uint,
+    /// `id`.
+    pub id: c_uint,
+    /// `sliceCount`.
+    pub slice_count: c_uint,
+    /// `instanceCount`.
+    pub instance_count: c_uint,
+    /// `multiprocessorCount`.
+    pub multiprocessor_count: c_uint,
+    /// `copyEngineCount`.
+    pub copy_engine_count: c_uint,
+    /// `decoderCount`.
+    pub decoder_count: c_uint,
+    /// `encoderCount`.
+    pub encoder_count: c_uint,
+    /// `jpegCount`.
+    pub jpeg_count: c_uint,
+    /// `ofaCount`.
+    pub ofa_count: c_uint,
+    /// `memorySizeMB`.
+    pub memory_size_mb: c_ulonglong,
+    /// `name`.
+    pub name: [c_char; PROFILE_NAME_SIZE],
+    /// `capabilities`: `NVML_GPU_INSTANCE_PROFILE_CAPS_*` bits.
+    pub capabilities: c_uint,
+}
+/// `nvmlGpuInstanceProfileInfo_v3`.
+pub const GPU_INSTANCE_PROFILE_INFO_V3: c_uint =
+    struct_version(size_of::<NvmlGpuInstanceProfileInfoV3>(), 3);
+
+/// `nvmlGpuInstanceInfo_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlGpuInstanceInfo {
+    /// `device`: the parent GPU.
+    pub device: NvmlDevice,
+    /// `id`: driver-assigned GI id.
+    pub id: c_uint,
+    /// `profileId`: device profile id.
+    pub profile_id: c_uint,
+    /// `placement`.
+    pub placement: NvmlPlacement,
+}
+
+/// `nvmlComputeInstanceProfileInfo_t` (unversioned, v1).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlComputeInstanceProfileInfo {
+    /// `id`.
+    pub id: c_uint,
+    /// `sliceCount`.
+    pub slice_count: c_uint,
+    /// `instanceCount`.
+    pub instance_count: c_uint,
+    /// `multiprocessorCount`.
+    pub multiprocessor_count: c_uint,
+    /// `sharedCopyEngineCount`.
+    pub shared_copy_engine_count: c_uint,
+    /// `sharedDecoderCount`.
+    pub shared_decoder_count: c_uint,
+    /// `sharedEncoderCount`.
+    pub shared_encoder_count: c_uint,
+    /// `sharedJpegCount`.
+    pub shared_jpeg_count: c_uint,
+    /// `sharedOfaCount`.
+    pub shared_ofa_count: c_uint,
+}
+
+/// `nvmlComputeInstanceProfileInfo_v2_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlComputeInstanceProfileInfoV2 {
+    /// `version`: [`COMPUTE_INSTANCE_PROFILE_INFO_V2`].
+    pub version: c_uint,
+    /// `id`.
+    pub id: c_uint,
+    /// `sliceCount`.
+    pub slice_count: c_uint,
+    /// `instanceCount`.
+    pub instance_count: c_uint,
+    /// `multiprocessorCount`.
+    pub multiprocessor_count: c_uint,
+    /// `sharedCopyEngineCount`.
+    pub shared_copy_engine_count: c_uint,
+    /// `sharedDecoderCount`.
+    pub shared_decoder_count: c_uint,
+    /// `sharedEncoderCount`.
+    pub shared_encoder_count: c_uint,
+    /// `sharedJpegCount`.
+    pub shared_jpeg_count: c_uint,
+    /// `sharedOfaCount`.
+    pub shared_ofa_count: c_uint,
+    /// `name`.
+    pub name: [c_char; PROFILE_NAME_SIZE],
+}
+/// `nvmlComputeInstanceProfileInfo_v2`.
+pub const COMPUTE_INSTANCE_PROFILE_INFO_V2: c_uint =
+    struct_version(size_of::<NvmlComputeInstanceProfileInfoV2>(), 2);
+
+/// `nvmlComputeInstanceProfileInfo_v3_t`: v2 plus a `capabilities` word.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlComputeInstanceProfileInfoV3 {
+    /// `version`: [`COMPUTE_INSTANCE_PROFILE_INFO_V3`].
+    pub version: c_uint,
+    /// `id`.
+    pub id: c_uint,
+    /// `sliceCount`.
+    pub slice_count: c_uint,
+    /// `instanceCount`.
+    pub instance_count: c_uint,
+    /// `multiprocessorCount`.
+    pub multiprocessor_count: c_uint,
+    /// `sharedCopyEngineCount`.
+    pub shared_copy_engine_count: c_uint,
+    /// `sharedDecoderCount`.
+    pub shared_decoder_count: c_uint,
+    /// `sharedEncoderCount`.
+    pub shared_encoder_count: c_uint,
+    /// `sharedJpegCount`.
+    pub shared_jpeg_count: c_uint,
+    /// `sharedOfaCount`.
+    pub shared_ofa_count: c_uint,
+    /// `name`.
+    pub name: [c_char; PROFILE_NAME_SIZE],
+    /// `capabilities`: `NVML_COMPUTE_INSTANCE_PROFILE_CAPS_*` bits.
+    pub capabilities: c_uint,
+}
+/// `nvmlComputeInstanceProfileInfo_v3`.
+pub const COMPUTE_INSTANCE_PROFILE_INFO_V3: c_uint =
+    struct_version(size_of::<NvmlComputeInstanceProfileInfoV3>(), 3);
+
+/// `nvmlComputeInstanceInfo_t` (used by both `nvmlComputeInstanceGetInfo` and `_v2`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlComputeInstanceInfo {
+    /// `device`: the parent GPU.
+    pub device: NvmlDevice,
+    /// `gpuInstance`: the parent GI.
+    pub gpu_instance: NvmlGpuInstance,
+    /// `id`: CI id within its GI.
+    pub id: c_uint,
+    /// `profileId`: CI profile id.
+    pub profile_id: c_uint,
+    /// `placement`: on the GI's compute-slice axis.
+    pub placement: NvmlPlacement,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of};
+
+    // Sizes and offsets as the C compiler lays out the structs of nvml.h
+    // (x86-64 SysV), cross-checked against nvml-wrapper-sys 0.10's bindgen output.
+
+    #[test]
+    fn memory_structs_match_the_header_layout() {
+        assert_eq!(size_of::<NvmlMemory>(), 24);
+        assert_eq!(size_of::<NvmlMemoryV2>(), 40);
+        assert_eq!(offset_of!(NvmlMemoryV2, total), 8);
+        assert_eq!(offset_of!(NvmlMemoryV2, used), 32);
+        assert_eq!(MEMORY_V2, 40 | (2 << 24));
+    }
+
+    #[test]
+    fn gpu_instance_structs_match_the_header_layout() {
+        assert_eq!(size_of::<NvmlPlacement>(), 8);
+        assert_eq!(size_of::<NvmlGpuInstanceProfileInfo>(), 48);
+        assert_eq!(offset_of!(NvmlGpuInstanceProfileInfo, memory_size_mb), 40);
+        assert_eq!(size_of::<NvmlGpuInstanceProfileInfoV2>(), 152);
+        assert_eq!(offset_of!(NvmlGpuInstanceProfileInfoV2, memory_size_mb), 48);
+        assert_eq!(offset_of!(NvmlGpuInstanceProfileInfoV2, name), 56);
+        assert_eq!(size_of::<NvmlGpuInstanceProfileInfoV3>(), 152);
+        assert_eq!(offset_of!(NvmlGpuInstanceProfileInfoV3, memory_size_mb), 40);
+        assert_eq!(offset_of!(NvmlGpuInstanceProfileInfoV3, name), 48);
+        assert_eq!(offset_of!(NvmlGpuInstanceProfileInfoV3, capabilities), 144);
+        assert_eq!(GPU_INSTANCE_PROFILE_INFO_V2, 152 | (2 << 24));
+        assert_eq!(GPU_INSTANCE_PROFILE_INFO_V3, 152 | (3 << 24));
+        assert_eq!(size_of::<NvmlGpuInstanceInfo>(), 24);
+        assert_eq!(offset_of!(NvmlGpuInstanceInfo, placement), 16);
+        assert_eq!(align_of::<NvmlGpuInstanceInfo>(), 8);
+    }
+
+    #[test]
+    fn compute_instance_structs_match_the_header_layout() {
+        assert_eq!(size_of::<NvmlComputeInstanceProfileInfo>(), 36);
+        assert_eq!(size_of::<NvmlComputeInstanceProfileInfoV2>(), 136);
+        assert_eq!(size_of::<NvmlComputeInstanceProfileInfoV3>(), 140);
+        assert_eq!(
+            offset_of!(NvmlComputeInstanceProfileInfoV3, capabilities),
+            136
+        );
+        assert_eq!(COMPUTE_INSTANCE_PROFILE_INFO_V2, 136 | (2 << 24));
+        assert_eq!(COMPUTE_INSTANCE_PROFILE_INFO_V3, 140 | (3 << 24));
+        assert_eq!(size_of::<NvmlComputeInstanceInfo>(), 32);
+        assert_eq!(offset_of!(NvmlComputeInstanceInfo, id), 16);
+        assert_eq!(offset_of!(NvmlComputeInstanceInfo, placement), 24);
+    }
+}

@@ -1,0 +1,39 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use tessera_sim::builder::{BuildOptions, BuiltNode, build_node};
+use tessera_sim::profile::NodeProfile;
+
+/// A stand-in "NVML library" file: the builder only copies it.
+pub fn fake_nvml(dir: &Path) -> PathBuf {
+    let path = dir.join("libtessera_sim_nvml.so");
+    std::fs::write(&path, "fake NVML stand-in for tests\n").expect("write the fake NVML library");
+    path
+}
+
+/// Whether this process may make device nodes; prints why not when it may not.
+pub fn can_mknod(test: &str) -> bool {
+    let dir = tempfile::tempdir().expect("make a temporary directory");
+    match tessera_sim::devnode::make_char_node(&dir.path().join("probe"), 1, 3, 0o666) {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("SKIP {test}: cannot make device nodes here ({e})");
+            false
+        }
+    }
+}
+
+/// Builds `profile` into a fresh temporary root.
+pub fn build(profile: &NodeProfile) -> (tempfile::TempDir, BuiltNode) {
+    let tmp = tempfile::tempdir().expect("make a temporary directory");
+    let root = tmp.path().join("root");
+    let opts = BuildOptions {
+        nvml_library: Some(fake_nvml(tmp.path())),
+        ..BuildOptions::default()
+    };
+    let built = build_node(profile, &root, &opts)
+        .unwrap_or_else(|e| panic!("building profile {} failed: {e}", profile.name));
+    (tmp, built)
+}
