@@ -14,9 +14,13 @@ echo "== format"
 cargo fmt --all --check
 echo "== clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== build"
+# One build serves every stage: the binaries and the simulated NVML and CUDA
+# libraries that the integration and end-to-end tests run are built once, in
+# target/debug, and the test build below reuses them.
+cargo build --workspace --locked
 echo "== tests (unit, integration, end-to-end)"
-# One build serves every stage: the test run builds the binaries and the
-# simulated NVML library that the integration and end-to-end tests call.
+export TESSERA_REQUIRE_SIM=1
 cargo test --workspace --locked --no-fail-fast
 echo "== benchmark smoke run"
 TESSERA_BENCH_QUICK=1 bash scripts/bench-cdi.sh

@@ -75,12 +75,9 @@ pub enum CdiGenError {
     },
 }
 
-/// Finds host facts under `driver_root` (`/` on a real node), loading NVML from
+/// Loads NVML for the node under `driver_root` (`/` on a real node): from
 /// `nvml_lib` or, when `None`, from the driver root's library directories.
-pub fn discover_node(
-    driver_root: &Path,
-    nvml_lib: Option<&Path>,
-) -> Result<NodeFacts, CdiGenError> {
+pub fn load_driver(driver_root: &Path, nvml_lib: Option<&Path>) -> Result<NvmlDriver, CdiGenError> {
     match std::fs::metadata(driver_root) {
         Ok(meta) if meta.is_dir() => {}
         Ok(_) => {
@@ -100,7 +97,15 @@ pub fn discover_node(
         Some(p) => p.to_owned(),
         None => tessera_driver::devices::find_nvml_library(driver_root)?,
     };
-    let driver = NvmlDriver::load(&lib)?;
+    Ok(NvmlDriver::load(&lib)?)
+}
+
+/// Finds host facts under `driver_root` through the NVML that [`load_driver`] loads.
+pub fn discover_node(
+    driver_root: &Path,
+    nvml_lib: Option<&Path>,
+) -> Result<NodeFacts, CdiGenError> {
+    let driver = load_driver(driver_root, nvml_lib)?;
     Ok(tessera_driver::discover::discover(driver_root, &driver)?)
 }
 

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tessera_cdi::commands::{generate, list, validate};
+use tessera_cdi::commands::{generate, list, profiles, validate};
 
 #[derive(Parser)]
 #[command(
@@ -33,6 +33,8 @@ enum Command {
     List(list::ListArgs),
     /// Check a spec file strictly; one line per problem.
     Validate(validate::ValidateArgs),
+    /// Show the MIG profiles and legal placements NVML reports (read-only).
+    Profiles(profiles::ProfilesArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
             }
         }),
         Command::List(args) => list::run(args).map(|table| print!("{table}")),
+        Command::Profiles(args) => profiles::run(args).map(|report| print!("{report}")),
         Command::Validate(args) => validate::run(args).map(|spec| {
             println!(
                 "{}: valid (cdiVersion {}, kind {}, {} devices)",

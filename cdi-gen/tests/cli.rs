@@ -104,15 +104,37 @@ fn corrupt_mig_minors_names_file_and_line() {
 }
 
 #[test]
-fn unknown_gpu_model_in_the_node_is_one_line() {
+fn unknown_gpu_model_in_the_node_fails_at_nvml_init() {
     let (_dir, root, out) = node_with_previous_spec("demo");
     let path = root.join("run/tessera-sim/state.json");
     let state = fs::read_to_string(&path)
         .unwrap()
         .replacen("\"H100-80GB\"", "\"H300-1TB\"", 1);
     fs::write(&path, state).unwrap();
-    let line = generate_fails(&root, &out);
-    assert!(line.contains("NVML"), "{line}");
+    let result = tessera_cdi([
+        "generate".as_ref(),
+        "--driver-root".as_ref(),
+        root.as_os_str(),
+        "--output".as_ref(),
+        out.as_os_str(),
+    ]);
+    let stderr = stderr_of(&result);
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    // The simulated driver says why it did not load (as a real driver logs to
+    // the kernel log); tessera-cdi adds its own single line.
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("tessera-cdi: "))
+        .collect();
+    assert_eq!(ours.len(), 1, "{stderr}");
+    assert!(
+        ours[0].contains("NVML") && ours[0].contains("driver is not loaded"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("unknown GPU model \"H300-1TB\""),
+        "{stderr}"
+    );
     assert_untouched(&out);
 }
 

@@ -6,8 +6,8 @@
 //! Needs `target/<profile>/tessera-sim` and `libtessera_sim_nvml.so` next to the
 //! test's own `deps/` directory: build them first with
 //! `cargo build -p tessera-sim -p tessera-sim-nvml`. Without them every test here
-//! prints `SKIPPED: …` to stderr and passes, unless `TESSERA_REQUIRE_SIM` is set
-//! (CI), which makes it fail.
+//! prints `SKIPPED: …` to stderr and passes, unless `TESSERA_REQUIRE_SIM` or `CI` is
+//! set, which makes it fail.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -77,8 +77,11 @@ macro_rules! demo_node_or_skip {
     () => {
         match demo_node() {
             Ok(root) => root,
-            Err(reason) if std::env::var_os(REQUIRE_SIM_ENV).is_some() => {
-                panic!("{REQUIRE_SIM_ENV} is set, but: {reason}")
+            Err(reason)
+                if std::env::var_os(REQUIRE_SIM_ENV).is_some()
+                    || std::env::var_os("CI").is_some() =>
+            {
+                panic!("{REQUIRE_SIM_ENV} or CI is set, but: {reason}")
             }
             Err(reason) => {
                 // Straight to the stderr handle: libtest captures `eprintln!`, and a

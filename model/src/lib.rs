@@ -12,3 +12,4 @@ pub mod edits;
 pub mod facts;
 pub mod gpu;
 pub mod mig;
+pub mod vgpu;

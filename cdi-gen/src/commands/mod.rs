@@ -2,6 +2,7 @@
 
 pub mod generate;
 pub mod list;
+pub mod profiles;
 pub mod validate;
 
 use std::path::PathBuf;

@@ -158,6 +158,16 @@ impl Node {
         let store = StateStore::open(&root).map_err(fail)?;
         let stamp = store.stamp().ok();
         let state = store.read().map_err(fail)?;
+        // A real driver knows its GPUs; a node naming a model the simulator
+        // cannot play is a broken node, refused at init like a missing driver.
+        for gpu in &state.gpus {
+            tessera_sim::mig::model_spec(&gpu.model).map_err(|e| {
+                (
+                    ERROR_DRIVER_NOT_LOADED,
+                    format!("{}: gpu {}: {e}", store.state_path().display(), gpu.index),
+                )
+            })?;
+        }
         Ok(Node {
             store,
             stamp,

@@ -1,0 +1,1 @@
+//! vGPU limits file format (`/usr/local/tessera/vgpu.json`).
