@@ -45,21 +45,28 @@ rm -rf "$rootfs" && mkdir -p "$rootfs/bin"
 cp "$(command -v busybox)" "$rootfs/bin/busybox"
 for applet in sh ls cat; do ln -sf busybox "$rootfs/bin/$applet"; done
 
-# This machine's sandbox may forbid raising rlimits past the current ones;
-# podman asks for huge ones by default, so pin them.
-podman_run=(podman run --rm --network none --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --rootfs "$rootfs")
-show_nodes='ls -l /dev/nvidia* /dev/nvidia-caps 2>/dev/null'
+# in_container [--device NAME]... -- COMMAND: podman with the busybox root.
+# Sandboxed machines may forbid raising rlimits and podman asks for huge ones,
+# so they are pinned. `--rootfs` goes last: podman reads the command after it.
+in_container() {
+    local args=()
+    while [ "$1" != -- ]; do args+=("$1"); shift; done
+    shift
+    podman run --rm --network none --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
+        "${args[@]}" --rootfs "$rootfs" /bin/sh -c "$*"
+}
+show_nodes='ls -l $(busybox find /dev -name "nvidia*" -type c | busybox sort)'
 
 mig_device=$(jq -r '[.devices[].name | select(test("^[0-9]+:[0-9]+$"))][0]' "$spec")
 
 step "podman run --device tessera.io/gpu=0  (the whole H100)"
-"${podman_run[@]}" --device tessera.io/gpu=0 /bin/sh -c "$show_nodes"
+in_container --device tessera.io/gpu=0 -- "$show_nodes"
 
 step "podman run --device tessera.io/gpu=$mig_device  (a MIG instance of the A100)"
-"${podman_run[@]}" --device "tessera.io/gpu=$mig_device" /bin/sh -c "$show_nodes"
+in_container --device "tessera.io/gpu=$mig_device" -- "$show_nodes"
 
 step "podman run without a GPU"
-"${podman_run[@]}" /bin/sh -c "$show_nodes || echo 'no NVIDIA device nodes'"
+in_container -- "ls /dev/nvidia* 2>/dev/null || echo 'no NVIDIA device nodes'"
 
 step "done"
 echo "The spec stays at $spec; the simulated node at $node."

@@ -27,14 +27,6 @@ pub const DEFAULT_STATIC_SPEC_PATH: &str = "/var/run/cdi/tessera.io-gpu.json";
 /// Errors of the generator library; each renders as one line.
 #[derive(Debug, thiserror::Error)]
 pub enum CdiGenError {
-    /// The driver root is missing or not a directory.
-    #[error("driver root {path}: {reason}")]
-    DriverRoot {
-        /// The root given.
-        path: PathBuf,
-        /// Why it cannot be used.
-        reason: String,
-    },
     /// NVML could not be found or loaded.
     #[error(transparent)]
     Driver(#[from] DriverError),
@@ -78,21 +70,7 @@ pub enum CdiGenError {
 /// Loads NVML for the node under `driver_root` (`/` on a real node): from
 /// `nvml_lib` or, when `None`, from the driver root's library directories.
 pub fn load_driver(driver_root: &Path, nvml_lib: Option<&Path>) -> Result<NvmlDriver, CdiGenError> {
-    match std::fs::metadata(driver_root) {
-        Ok(meta) if meta.is_dir() => {}
-        Ok(_) => {
-            return Err(CdiGenError::DriverRoot {
-                path: driver_root.to_owned(),
-                reason: "not a directory".to_owned(),
-            });
-        }
-        Err(e) => {
-            return Err(CdiGenError::DriverRoot {
-                path: driver_root.to_owned(),
-                reason: e.to_string(),
-            });
-        }
-    }
+    tessera_driver::discover::check_root(driver_root)?;
     let lib = match nvml_lib {
         Some(p) => p.to_owned(),
         None => tessera_driver::devices::find_nvml_library(driver_root)?,

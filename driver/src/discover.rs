@@ -22,6 +22,17 @@ use crate::{DriverError, GpuDriver};
 /// The major of `/dev/nvidia<minor>` when neither the node nor `/proc/devices` says.
 pub const NVIDIA_MAJOR: u32 = 195;
 
+/// Checks that the driver root is a readable directory, so a wrong root is
+/// reported as such before anything under it is looked for.
+pub fn check_root(root: &Path) -> Result<(), DiscoverError> {
+    fs::read_dir(root)
+        .map(drop)
+        .map_err(|e| DiscoverError::Root {
+            path: root.to_path_buf(),
+            reason: io_reason(&e),
+        })
+}
+
 /// Errors from [`discover`], one line each.
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoverError {
@@ -76,10 +87,7 @@ pub enum DiscoverError {
 /// ([`devices::driver_files`]). A failing driver-version query is logged and
 /// leaves the version unknown; every other driver error fails discovery.
 pub fn discover(root: &Path, driver: &dyn GpuDriver) -> Result<NodeFacts, DiscoverError> {
-    fs::read_dir(root).map_err(|e| DiscoverError::Root {
-        path: root.to_path_buf(),
-        reason: io_reason(&e),
-    })?;
+    check_root(root)?;
 
     let proc_devices = match ProcDevices::read(root) {
         Ok(d) => Some(d),
