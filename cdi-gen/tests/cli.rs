@@ -1,6 +1,9 @@
 //! `tessera-cdi` on bad input: one clear line on stderr, exit status 1, no
 //! panic, and the output file left exactly as it was.
 
+// Helpers of these tests report failures by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::fs;

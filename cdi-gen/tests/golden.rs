@@ -5,6 +5,9 @@
 //! temporary directory, is written as `/ROOT`. `TESSERA_BLESS=1` rewrites them —
 //! review the diff before committing.
 
+// Helpers of these tests report failures by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::fs;

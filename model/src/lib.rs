@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod alloc;
 pub mod cdi;
 pub mod edits;
 pub mod facts;

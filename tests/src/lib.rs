@@ -172,3 +172,7 @@ pub fn podman(runtime: &str, devices: &[String], rootfs: &Path, script: &str) ->
         .args(["/bin/sh", "-c", script]);
     cmd
 }
+
+pub mod hookenv;
+pub mod oci;
+pub mod sentinel;

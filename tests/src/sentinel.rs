@@ -221,7 +221,9 @@ impl HostRootView {
             .map(|p| {
                 (
                     (*p).to_owned(),
-                    fs::symlink_metadata(p).ok().and_then(|_| entry_of(Path::new(p)).ok()),
+                    fs::symlink_metadata(p)
+                        .ok()
+                        .and_then(|_| entry_of(Path::new(p)).ok()),
                 )
             })
             .collect();
@@ -318,5 +320,15 @@ pub fn host_mount_points() -> Result<BTreeSet<String>> {
     Ok(text
         .lines()
         .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+        .collect())
+}
+
+/// Host mount points at or under `dir`: a hook that mounted through a rootfs
+/// symlink into the host's namespace leaves one there.
+pub fn mounts_under(dir: &Path) -> Result<Vec<String>> {
+    let dir = dir.display().to_string();
+    Ok(host_mount_points()?
+        .into_iter()
+        .filter(|m| m == &dir || m.starts_with(&format!("{dir}/")))
         .collect())
 }

@@ -3,6 +3,9 @@
 //! Tessera writes — the reviewed golden files and a freshly generated one — and
 //! inject the same device nodes Tessera's spec lists.
 
+// Helpers of this test report failures by panicking, like the tests themselves.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};

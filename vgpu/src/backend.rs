@@ -44,6 +44,14 @@ pub fn oversubscribe(limits: &Limits) -> bool {
     limits.oversubscribe && limits.memory_scaling > 1.0
 }
 
+/// Whether any device may have an SM limit that limits something (1..=99).
+pub fn any_sm_limit(limits: &Limits) -> bool {
+    limits
+        .devices
+        .iter()
+        .any(|d| d.sm_limit_percent.is_some_and(|p| (1..100).contains(&p)))
+}
+
 /// The limit of the device at `ordinal` with `uuid`, and its slot in the
 /// shared region (its position in the limits when they name it by uuid,
 /// else the ordinal).

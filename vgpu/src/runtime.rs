@@ -141,6 +141,14 @@ impl Runtime {
         !matches!(self.mode, Mode::PassThrough)
     }
 
+    /// Whether some device may have an SM limit (the launch limiter is on).
+    pub fn any_sm_limit(&self) -> bool {
+        match &self.mode {
+            Mode::Enforce(limits) => backend::any_sm_limit(limits),
+            _ => false,
+        }
+    }
+
     /// Whether `cuMemAlloc_v2` may fall back to managed (host-backed) memory
     /// when the device is physically full but the slice has room.
     pub fn oversubscribe(&self) -> bool {

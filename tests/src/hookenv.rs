@@ -1,0 +1,522 @@
+//! Fixtures for `tessera-hook` end-to-end tests: the static hook binary, a
+//! root-owned scratch area, a simulated node with its static CDI spec, a
+//! transient `tessera.io/alloc` spec built with `tessera_model::cdi`, the
+//! hook's config file, and small C helpers (a static no-op hook, the
+//! NVIDIAScape library).
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+use anyhow::{Context, Result, bail, ensure};
+use tessera_model::cdi::{ALLOC_KIND, ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
+
+use crate::node::{ExpectedNode, NodeView};
+use crate::oci::{Bundle, HookEntry};
+use crate::{artefact, busybox_rootfs, create_node, run, target_dir};
+
+/// The alloc id the tests give their containers.
+pub const ALLOC_ID: &str = "pod-1234-0";
+
+/// The annotation that names a container's allocation.
+pub const ALLOC_ANNOTATION: &str = "tessera.io/alloc-id";
+
+/// The environment every hook entry Tessera emits carries.
+pub const HOOK_ENV: &str = "PATH=/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Where the vGPU library, the preload file and the limits file appear in a container.
+pub const LIBRARY_IN_CONTAINER: &str = "/usr/local/tessera/libtessera_vgpu.so";
+/// `/etc/ld.so.preload` in the container.
+pub const PRELOAD_IN_CONTAINER: &str = "/etc/ld.so.preload";
+/// The limits file in the container.
+pub const LIMITS_IN_CONTAINER: &str = "/usr/local/tessera/vgpu.json";
+
+/// Root-owned, not world-writable base of every scratch directory: the hook
+/// refuses specs in directories others can write, and `/tmp` is one.
+pub const SCRATCH_BASE: &str = "/var/lib/tessera-e2e";
+
+/// The statically linked hook, as `scripts/build-hook.sh` builds it
+/// (`target/x86_64-unknown-linux-gnu/<profile>/tessera-hook`), or
+/// `$TESSERA_HOOK_BIN`. Panics with the build command if it is missing.
+pub fn hook_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("TESSERA_HOOK_BIN") {
+        return PathBuf::from(path);
+    }
+    let profile_dir = target_dir();
+    let profile = profile_dir
+        .file_name()
+        .expect("profile directory name")
+        .to_owned();
+    let path = profile_dir
+        .parent()
+        .expect("target directory")
+        .join("x86_64-unknown-linux-gnu")
+        .join(profile)
+        .join("tessera-hook");
+    assert!(
+        path.exists(),
+        "{} is missing: build the static hook first (bash scripts/build-hook.sh)",
+        path.display()
+    );
+    path
+}
+
+/// Whether an ELF executable has no program interpreter (`PT_INTERP`): a
+/// static or static-pie binary, which an `LD_PRELOAD` cannot reach.
+pub fn is_static_elf(path: &Path) -> Result<bool> {
+    let mut bytes = Vec::new();
+    fs::File::open(path)?
+        .take(1 << 20)
+        .read_to_end(&mut bytes)?;
+    ensure!(
+        bytes.len() > 64 && bytes[..4] == *b"\x7fELF" && bytes[4] == 2,
+        "{} is not a 64-bit ELF file",
+        path.display()
+    );
+    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]);
+    let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
+    let phoff = u64_at(0x20) as usize;
+    let phentsize = usize::from(u16_at(0x36));
+    let phnum = usize::from(u16_at(0x38));
+    ensure!(
+        phoff + phentsize * phnum <= bytes.len(),
+        "{}: program headers past the first MiB",
+        path.display()
+    );
+    const PT_INTERP: u32 = 3;
+    Ok((0..phnum).all(|i| u32_at(phoff + i * phentsize) != PT_INTERP))
+}
+
+/// A fresh scratch directory under [`SCRATCH_BASE`] (mode 0700, root's),
+/// removed on drop.
+pub fn scratch_dir(tag: &str) -> Result<tempfile::TempDir> {
+    fs::create_dir_all(SCRATCH_BASE)?;
+    fs::set_permissions(SCRATCH_BASE, fs::Permissions::from_mode(0o755))?;
+    Ok(tempfile::Builder::new()
+        .prefix(&format!("{tag}-"))
+        .tempdir_in(SCRATCH_BASE)?)
+}
+
+/// A busybox rootfs with the applets the hook tests' scripts use.
+pub fn hook_rootfs(bundle_dir: &Path) -> Result<PathBuf> {
+    let rootfs = busybox_rootfs(bundle_dir)?;
+    for applet in [
+        "grep", "sed", "tr", "sleep", "test", "xargs", "wc", "mkdir", "true",
+    ] {
+        let link = rootfs.join("bin").join(applet);
+        if !link.exists() {
+            symlink("busybox", link)?;
+        }
+    }
+    Ok(rootfs)
+}
+
+/// Everything a hook test needs on the host side: a simulated node, the CDI
+/// directory with the static spec and one transient spec, the hook's state
+/// directory and config, and the host files the spec mounts.
+pub struct HookFixture {
+    dir: tempfile::TempDir,
+    /// The simulated node's root.
+    pub node_root: PathBuf,
+    /// What the node holds, read independently of the code under test.
+    pub node: NodeView,
+    /// The hook's `cdi_dir`.
+    pub cdi_dir: PathBuf,
+    /// The hook's `state_dir`.
+    pub state_dir: PathBuf,
+    /// The hook's config file.
+    pub config: PathBuf,
+    /// Host files the transient spec mounts: (host path, container path).
+    pub mounted_files: Vec<(PathBuf, String)>,
+    /// The device nodes the allocation grants (control nodes, the A100's node
+    /// and the two capability nodes of one of its MIG devices).
+    pub granted: Vec<ExpectedNode>,
+    /// NVIDIA nodes of the node that the allocation does not grant.
+    pub withheld: Vec<ExpectedNode>,
+    bundles: Mutex<u32>,
+}
+
+impl HookFixture {
+    /// Builds the fixture with the transient spec for [`ALLOC_ID`] and a hook
+    /// config that does not accept `NVIDIA_VISIBLE_DEVICES`.
+    pub fn new(tag: &str) -> Result<Self> {
+        let dir = scratch_dir(tag)?;
+        let node_root = dir.path().join("node");
+        create_node("demo", &node_root)?;
+        let node = NodeView::read(&node_root)?;
+        let cdi_dir = dir.path().join("cdi");
+        let state_dir = dir.path().join("state");
+        let files = dir.path().join("files");
+        for d in [&cdi_dir, &state_dir, &files] {
+            fs::create_dir_all(d)?;
+            fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
+        }
+        run(Command::new(artefact("tessera-cdi"))
+            .args(["generate", "--driver-root"])
+            .arg(&node_root)
+            .arg("--hook-path")
+            .arg(hook_binary())
+            .arg("--output")
+            .arg(cdi_dir.join("tessera.io-gpu.json")))?;
+
+        let (granted, withheld) = allocation_nodes(&node);
+        let mig_uuid = node
+            .mig_devices()
+            .first()
+            .map(|m| m.1.clone())
+            .context("the demo node has a MIG device")?;
+        let mounted_files = vec![
+            (
+                files.join("libtessera_vgpu.so"),
+                LIBRARY_IN_CONTAINER.to_owned(),
+            ),
+            (files.join("ld.so.preload"), PRELOAD_IN_CONTAINER.to_owned()),
+            (files.join("vgpu.json"), LIMITS_IN_CONTAINER.to_owned()),
+        ];
+        fs::write(
+            &mounted_files[0].0,
+            "stand-in for libtessera_vgpu.so (e2e fixture)\n",
+        )?;
+        fs::write(&mounted_files[1].0, format!("{LIBRARY_IN_CONTAINER}\n"))?;
+        fs::write(
+            &mounted_files[2].0,
+            serde_json::to_vec(&serde_json::json!({
+                "version": 1,
+                "devices": [{"uuid": mig_uuid, "memoryLimitMiB": 4000, "smLimitPercent": 50}],
+            }))?,
+        )?;
+        for (path, _) in &mounted_files {
+            fs::set_permissions(path, fs::Permissions::from_mode(0o644))?;
+        }
+
+        let fixture = Self {
+            config: dir.path().join("hook.toml"),
+            dir,
+            node_root,
+            node,
+            cdi_dir,
+            state_dir,
+            mounted_files,
+            granted,
+            withheld,
+            bundles: Mutex::new(0),
+        };
+        fixture.write_config(false)?;
+        fixture.write_transient_spec(ALLOC_ID)?;
+        Ok(fixture)
+    }
+
+    /// The scratch directory everything lives in.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes the hook's config file.
+    pub fn write_config(&self, accept_nvidia_visible_devices: bool) -> Result<()> {
+        fs::write(
+            &self.config,
+            format!(
+                "cdi_dir = {:?}\nstate_dir = {:?}\naccept_nvidia_visible_devices = {accept_nvidia_visible_devices}\n",
+                self.cdi_dir.display().to_string(),
+                self.state_dir.display().to_string(),
+            ),
+        )?;
+        Ok(())
+    }
+
+    /// The transient spec of `alloc_id`, as the device plugin would write it:
+    /// the granted nodes, the vGPU library, preload and limits mounts, the
+    /// limits in the environment, and the hook.
+    pub fn transient_spec(&self, alloc_id: &str) -> Result<Spec> {
+        let device_nodes = self
+            .granted
+            .iter()
+            .map(|n| DeviceNode {
+                path: n.path.clone(),
+                host_path: Some(
+                    self.node_root
+                        .join(n.path.trim_start_matches('/'))
+                        .display()
+                        .to_string(),
+                ),
+                node_type: Some("c".to_owned()),
+                major: Some(i64::from(n.major)),
+                minor: Some(i64::from(n.minor)),
+                permissions: Some("rw".to_owned()),
+                ..DeviceNode::default()
+            })
+            .collect();
+        let mounts = self
+            .mounted_files
+            .iter()
+            .map(|(host, container)| Mount {
+                host_path: host.display().to_string(),
+                container_path: container.clone(),
+                options: ["ro", "nosuid", "nodev", "bind", "rprivate"]
+                    .map(str::to_owned)
+                    .to_vec(),
+                mount_type: None,
+            })
+            .collect();
+        let edits = ContainerEdits {
+            env: vec!["CUDA_DEVICE_MEMORY_LIMIT=4000m".to_owned()],
+            device_nodes,
+            mounts,
+            hooks: vec![Hook {
+                hook_name: "createContainer".to_owned(),
+                path: hook_binary().display().to_string(),
+                args: vec!["tessera-hook".to_owned(), "prestart".to_owned()],
+                env: vec![HOOK_ENV.to_owned()],
+                timeout: None,
+            }],
+            ..ContainerEdits::default()
+        };
+        Ok(Spec::new(
+            ALLOC_KIND,
+            vec![Device::new(alloc_id, edits)],
+            ContainerEdits::default(),
+        )?)
+    }
+
+    /// Path of the transient spec of `alloc_id`.
+    pub fn transient_spec_path(&self, alloc_id: &str) -> PathBuf {
+        self.cdi_dir
+            .join(format!("tessera.io-alloc_{alloc_id}.json"))
+    }
+
+    /// Writes the transient spec of `alloc_id` (mode 0644).
+    pub fn write_transient_spec(&self, alloc_id: &str) -> Result<PathBuf> {
+        let path = self.transient_spec_path(alloc_id);
+        fs::write(
+            &path,
+            serde_json::to_vec_pretty(&self.transient_spec(alloc_id)?)?,
+        )?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644))?;
+        Ok(path)
+    }
+
+    /// The hook's argv for `verb` with this fixture's config.
+    pub fn hook_args(&self, verb: &str) -> Vec<String> {
+        vec![
+            "tessera-hook".to_owned(),
+            verb.to_owned(),
+            "--config".to_owned(),
+            self.config.display().to_string(),
+        ]
+    }
+
+    /// A hook entry running the static hook with `verb`, an explicit env.
+    pub fn hook_entry(&self, verb: &str) -> HookEntry {
+        HookEntry {
+            path: hook_binary(),
+            args: self.hook_args(verb),
+            env: Some(vec![HOOK_ENV.to_owned()]),
+        }
+    }
+
+    /// A fresh bundle (busybox rootfs, `runc spec` config) running `script`.
+    pub fn bundle(&self, script: &str) -> Result<Bundle> {
+        let n = {
+            let mut next = self.bundles.lock().expect("bundle counter");
+            *next += 1;
+            *next
+        };
+        let dir = self.dir.path().join(format!("bundle-{n}"));
+        fs::create_dir_all(&dir)?;
+        hook_rootfs(&dir)?;
+        Bundle::new(&dir, script)
+    }
+
+    /// A bundle for a GPU container of [`ALLOC_ID`]: annotated, with the hook
+    /// at `stage` (`prestart` or `createContainer`) and at `poststop`.
+    pub fn gpu_bundle(&self, stage: &str, script: &str) -> Result<Bundle> {
+        let mut bundle = self.bundle(script)?;
+        bundle
+            .annotate(ALLOC_ANNOTATION, ALLOC_ID)
+            .hook(stage, &self.hook_entry("prestart"))
+            .hook("poststop", &self.hook_entry("poststop"));
+        Ok(bundle)
+    }
+
+    /// The binding directory of `alloc_id`.
+    pub fn binding_dir(&self, alloc_id: &str) -> PathBuf {
+        self.state_dir.join("alloc").join(alloc_id)
+    }
+
+    /// Every regular file under the binding directory of `alloc_id` whose
+    /// content names `container_id`: the binding record(s).
+    pub fn binding_records(&self, alloc_id: &str, container_id: &str) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let mut stack = vec![self.binding_dir(alloc_id)];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let Ok(meta) = fs::symlink_metadata(&path) else {
+                    continue;
+                };
+                if meta.is_dir() {
+                    stack.push(path);
+                } else if meta.is_file()
+                    && fs::read_to_string(&path).is_ok_and(|t| t.contains(container_id))
+                {
+                    found.push(path);
+                }
+            }
+        }
+        found
+    }
+}
+
+/// Splits the node's NVIDIA nodes into those the test allocation grants — the
+/// control nodes, the A100's node and the cap nodes of its first MIG device —
+/// and the rest (the H100's node, the other MIG devices' cap nodes).
+fn allocation_nodes(node: &NodeView) -> (Vec<ExpectedNode>, Vec<ExpectedNode>) {
+    let migs = node.mig_devices();
+    let (gpu, _, gi, ci) = migs.first().cloned().expect("demo node has MIG devices");
+    let mut granted = node.control_nodes();
+    granted.push(node.gpu_node(gpu));
+    granted.extend(node.mig_cap_nodes(gpu, gi, ci));
+    granted.sort();
+    let mut withheld = vec![node.gpu_node(if gpu == 0 { 1 } else { 0 })];
+    for (g, _, gi2, ci2) in &migs[1..] {
+        withheld.extend(node.mig_cap_nodes(*g, *gi2, *ci2));
+    }
+    withheld.retain(|n| !granted.contains(n));
+    withheld.sort();
+    withheld.dedup();
+    (granted, withheld)
+}
+
+/// The probe a GPU container runs: its NVIDIA nodes (`NODE <stat>`), what
+/// opening each granted node says (`OPEN`), the mounted files' content
+/// (`READ`), what appending to them says (`WRITE`), and their mounts (`MOUNT`).
+pub fn probe_script(granted: &[ExpectedNode]) -> String {
+    let nodes: Vec<&str> = granted.iter().map(|n| n.path.as_str()).collect();
+    let files = [
+        LIBRARY_IN_CONTAINER,
+        PRELOAD_IN_CONTAINER,
+        LIMITS_IN_CONTAINER,
+    ]
+    .join(" ");
+    format!(
+        "for f in $(find /dev -name 'nvidia*' ! -type d); do stat -c 'NODE %n %F %t %T' $f; done; \
+         for f in {nodes}; do echo \"OPEN $f: $(cat $f 2>&1 >/dev/null)\"; done; \
+         for f in {files}; do echo \"READ $f: $(cat $f 2>&1 | tr '\\n' ' ')\"; \
+           echo \"WRITE $f: $( (echo x >> $f) 2>&1 && echo WROTE)\"; done; \
+         grep -E ' (/usr/local/tessera|/etc/ld.so.preload)' /proc/self/mounts | sed 's/^/MOUNT /'; \
+         echo PROBE-DONE",
+        nodes = nodes.join(" "),
+    )
+}
+
+/// The lines of `output` that start with `prefix` and a space, without it.
+pub fn tagged<'a>(output: &'a str, prefix: &str) -> Vec<&'a str> {
+    output
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix)?.strip_prefix(' '))
+        .collect()
+}
+
+static HELPERS: Mutex<()> = Mutex::new(());
+
+/// Compiles a small C helper once per machine into `SCRATCH_BASE/bin`
+/// (keyed by a hash of its source and flags) and returns its path.
+pub fn c_helper(name: &str, source: &str, flags: &[&str]) -> Result<PathBuf> {
+    let _guard = HELPERS.lock().unwrap_or_else(|e| e.into_inner());
+    let key = source
+        .bytes()
+        .chain(flags.iter().flat_map(|f| f.bytes()))
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    let bin_dir = Path::new(SCRATCH_BASE).join("bin");
+    fs::create_dir_all(&bin_dir)?;
+    let out = bin_dir.join(format!("{name}-{key:016x}"));
+    if out.exists() {
+        return Ok(out);
+    }
+    let src = bin_dir.join(format!("{name}-{key:016x}.{}.c", std::process::id()));
+    fs::write(&src, source)?;
+    let tmp = bin_dir.join(format!("{name}-{key:016x}.{}.tmp", std::process::id()));
+    let status = Command::new("cc")
+        .args(flags)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(&src)
+        .status()
+        .context("running cc (apt-get install build-essential)")?;
+    let _ = fs::remove_file(&src);
+    if !status.success() {
+        bail!("cc {flags:?} {name} failed: {status}");
+    }
+    fs::rename(&tmp, &out)?;
+    Ok(out)
+}
+
+/// A statically linked program that does nothing — or, given a path as its
+/// first argument, appends a line to that file. The baseline hook: what a
+/// runtime does with a hostile rootfs when the hook does nothing.
+pub fn static_noop() -> Result<PathBuf> {
+    c_helper(
+        "static-noop",
+        "#include <fcntl.h>\n#include <unistd.h>\n\
+         int main(int argc, char **argv) {\n\
+           if (argc > 1) { int fd = open(argv[1], O_WRONLY | O_CREAT | O_APPEND, 0644);\n\
+             if (fd >= 0) { (void)write(fd, \"ran\\n\", 4); close(fd); } }\n\
+           return 0;\n}\n",
+        &["-static", "-O2"],
+    )
+}
+
+/// The NVIDIAScape library: its constructor appends a line to the file named
+/// by `TESSERA_E2E_MARKER` in the environment of whatever process loads it.
+pub fn evil_library() -> Result<PathBuf> {
+    c_helper(
+        "evil-so",
+        "#include <fcntl.h>\n#include <stdlib.h>\n#include <unistd.h>\n\
+         __attribute__((constructor)) static void evil(void) {\n\
+           const char *marker = getenv(\"TESSERA_E2E_MARKER\");\n\
+           if (!marker) return;\n\
+           int fd = open(marker, O_WRONLY | O_CREAT | O_APPEND, 0644);\n\
+           if (fd >= 0) { (void)write(fd, \"loaded\\n\", 7); close(fd); }\n}\n",
+        &["-shared", "-fPIC", "-O2"],
+    )
+}
+
+/// A `podman run` of `script` in `rootfs` with the hooks in `hooks_dir` and
+/// `annotations`, with the settings these machines need (see [`crate::podman`]).
+pub fn podman_with_hooks(
+    runtime: &str,
+    hooks_dir: &Path,
+    annotations: &[(&str, &str)],
+    rootfs: &Path,
+    script: &str,
+) -> Command {
+    let mut cmd = Command::new("podman");
+    cmd.arg("--hooks-dir").arg(hooks_dir).args([
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--runtime",
+        runtime,
+        "--ulimit",
+        "nofile=4096:4096",
+        "--ulimit",
+        "nproc=4096:4096",
+    ]);
+    for (key, value) in annotations {
+        cmd.arg("--annotation").arg(format!("{key}={value}"));
+    }
+    cmd.arg("--rootfs")
+        .arg(rootfs)
+        .args(["/bin/sh", "-c", script]);
+    cmd
+}
