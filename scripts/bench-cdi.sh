@@ -11,10 +11,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 if [ "${TESSERA_BENCH_QUICK:-0}" = 1 ]; then
     profile=debug; runs=5; warmup=1
-    cargo build --locked -p tessera-cdi -p tessera-sim -p tessera-sim-nvml
+    cargo build --locked -p tessera-cdi -p tessera-sim -p tessera-sim-nvml -p tessera-sim-cuda
 else
     profile=release; runs=${TESSERA_BENCH_RUNS:-200}; warmup=10
-    cargo build --release --locked -p tessera-cdi -p tessera-sim -p tessera-sim-nvml
+    cargo build --release --locked -p tessera-cdi -p tessera-sim -p tessera-sim-nvml -p tessera-sim-cuda
 fi
 bin="$PWD/target/$profile"
 

@@ -15,7 +15,7 @@ tessera_fix_hybrid_cgroups
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 step "build"
-cargo build --release --locked -p tessera-cdi -p tessera-sim -p tessera-sim-nvml -p tessera-hook
+cargo build --release --locked -p tessera-cdi -p tessera-sim -p tessera-sim-nvml -p tessera-sim-cuda -p tessera-hook
 bin="$tessera_root/target/release"
 
 work=${TESSERA_DEMO_DIR:-/tmp/tessera-demo}

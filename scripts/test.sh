@@ -19,8 +19,11 @@ echo "== build"
 # libraries that the integration and end-to-end tests run are built once, in
 # target/debug, and the test build below reuses them.
 cargo build --workspace --locked
+if [ -f scripts/build-hook.sh ]; then bash scripts/build-hook.sh; elif [ -f hook/scripts/build-static.sh ]; then bash hook/scripts/build-static.sh debug >/dev/null; fi
 echo "== tests (unit, integration, end-to-end)"
 export TESSERA_REQUIRE_SIM=1
 cargo test --workspace --locked --no-fail-fast
 echo "== benchmark smoke run"
 TESSERA_BENCH_QUICK=1 bash scripts/bench-cdi.sh
+TESSERA_BENCH_QUICK=1 bash scripts/bench-hook.sh
+TESSERA_BENCH_QUICK=1 bash scripts/bench-vgpu.sh

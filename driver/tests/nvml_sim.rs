@@ -5,7 +5,7 @@
 //!
 //! Needs `target/<profile>/tessera-sim` and `libtessera_sim_nvml.so` next to the
 //! test's own `deps/` directory: build them first with
-//! `cargo build -p tessera-sim -p tessera-sim-nvml`. Without them every test here
+//! `cargo build -p tessera-sim -p tessera-sim-nvml -p tessera-sim-cuda`. Without them every test here
 //! prints `SKIPPED: …` to stderr and passes, unless `TESSERA_REQUIRE_SIM` or `CI` is
 //! set, which makes it fail.
 
@@ -41,7 +41,7 @@ fn sim_artefacts() -> Result<(PathBuf, PathBuf), String> {
     for path in [&sim, &lib] {
         if !path.is_file() {
             return Err(format!(
-                "{} is missing; run `cargo build -p tessera-sim -p tessera-sim-nvml` first",
+                "{} is missing; run `cargo build -p tessera-sim -p tessera-sim-nvml -p tessera-sim-cuda` first",
                 path.display()
             ));
         }

@@ -1,58 +1,57 @@
-//! `tessera-hook`: the OCI hook named by every Tessera CDI spec.
-//!
-//! This first version only checks the OCI state the runtime hands it on
-//! standard input and exits: containers from the static `tessera.io/gpu` spec
-//! need nothing at run time. Binding to allocations and legacy injection come
-//! with the hook issue; the contract (argv, stdin, explicit env) is fixed now so
-//! specs generated today stay valid.
+//! `tessera-hook [--config FILE] prestart|poststop`: the OCI hook binary.
+//! Parses argv, calls the library, prints at most one error line, and maps the
+//! error to an exit code (see the README).
+#![no_main]
 
-use std::io::Read;
-use std::process::ExitCode;
+use std::ffi::{c_char, c_int};
 
-/// Runtimes send a few hundred bytes; anything past this is not an OCI state.
-const MAX_STATE_BYTES: u64 = 64 * 1024;
+use tessera_hook::cli::{self, Command};
+use tessera_hook::error::{exit, one_line};
 
-/// The fields of the OCI state this hook relies on; others (crun's `root`) are ignored.
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct State {
-    oci_version: String,
-    id: String,
-    #[serde(default)]
-    pid: Option<i64>,
-    bundle: String,
+/// The C entry point, called by the C runtime directly.
+///
+/// std's own start-up (ignoring SIGPIPE, probing the main thread's stack guard
+/// through `/proc/self/maps`, an alternate signal stack) is skipped: it is about
+/// half of the system calls of the fast path that every container pays for.
+/// Arguments still come from `std::env::args_os`, which std captures on glibc
+/// before `main` runs.
+#[unsafe(no_mangle)]
+pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
+    c_int::from(hook_main())
 }
 
-fn main() -> ExitCode {
-    let verb = std::env::args().nth(1).unwrap_or_default();
-    if !matches!(verb.as_str(), "prestart" | "poststop") {
-        eprintln!("tessera-hook: usage: tessera-hook prestart|poststop (OCI state on stdin)");
-        return ExitCode::from(2);
-    }
-    let mut raw = Vec::new();
-    if let Err(e) = std::io::stdin()
-        .take(MAX_STATE_BYTES + 1)
-        .read_to_end(&mut raw)
-    {
-        eprintln!("tessera-hook: reading OCI state from stdin: {e}");
-        return ExitCode::FAILURE;
-    }
-    if raw.len() as u64 > MAX_STATE_BYTES {
-        eprintln!("tessera-hook: OCI state on stdin is larger than {MAX_STATE_BYTES} bytes");
-        return ExitCode::FAILURE;
-    }
-    match serde_json::from_slice::<State>(&raw) {
-        Ok(state) if !state.id.is_empty() && !state.bundle.is_empty() => {
-            let _ = (state.oci_version, state.pid);
-            ExitCode::SUCCESS
+fn hook_main() -> u8 {
+    // First, while the process has one thread: nothing from the container's
+    // environment survives (a hook entry without `env` would pass it).
+    tessera_hook::sys::clear_environment();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let cli = match cli::parse(&args) {
+        Ok(Command::Run(cli)) => cli,
+        Ok(Command::Help) => {
+            println!("{}", cli::USAGE);
+            return exit::OK;
         }
-        Ok(_) => {
-            eprintln!("tessera-hook: OCI state: empty id or bundle");
-            ExitCode::FAILURE
+        Ok(Command::Version) => {
+            println!("tessera-hook {}", env!("CARGO_PKG_VERSION"));
+            return exit::OK;
         }
         Err(e) => {
-            eprintln!("tessera-hook: OCI state: {e}");
-            ExitCode::FAILURE
+            eprintln!("tessera-hook: {e}\n{}", cli::USAGE);
+            return exit::USAGE;
         }
+    };
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!(
+            "tessera-hook: internal error: {}",
+            one_line(&info.to_string())
+        );
+    }));
+    match std::panic::catch_unwind(|| tessera_hook::run(&cli, std::io::stdin().lock())) {
+        Ok(Ok(_)) => exit::OK,
+        Ok(Err(e)) => {
+            eprintln!("tessera-hook: {}", one_line(&e.to_string()));
+            e.exit_code()
+        }
+        Err(_) => exit::INTERNAL,
     }
 }

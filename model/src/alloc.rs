@@ -45,7 +45,9 @@ pub enum AllocIdError {
         max: usize,
     },
     /// A character outside `[a-z0-9-]`.
-    #[error("allocation id {shown}: character {found:?} at byte {position} is not allowed; use a-z, 0-9 and '-'")]
+    #[error(
+        "allocation id {shown}: character {found:?} at byte {position} is not allowed; use a-z, 0-9 and '-'"
+    )]
     BadCharacter {
         /// The id, quoted and escaped for one line.
         shown: String,
@@ -55,7 +57,9 @@ pub enum AllocIdError {
         position: usize,
     },
     /// The first or last character is `-`.
-    #[error("allocation id {shown}: must start and end with a letter or digit, found '-' at byte {position}")]
+    #[error(
+        "allocation id {shown}: must start and end with a letter or digit, found '-' at byte {position}"
+    )]
     BadEnd {
         /// The id, quoted and escaped for one line.
         shown: String,
@@ -159,7 +163,10 @@ mod tests {
             "allocation id \"ab/c\": character '/' at byte 2 is not allowed; use a-z, 0-9 and '-'"
         );
         let e = AllocId::new(&"a".repeat(300)).expect_err("long");
-        assert_eq!(e.to_string(), "allocation id is 300 bytes long, more than 100");
+        assert_eq!(
+            e.to_string(),
+            "allocation id is 300 bytes long, more than 100"
+        );
         let e = AllocId::new("a\0b").expect_err("nul");
         assert!(e.to_string().contains("'\\0' at byte 1"), "{e}");
         assert!(!e.to_string().contains('\n'));

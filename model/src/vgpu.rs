@@ -67,7 +67,9 @@ pub mod env_names {
 /// HAMi-core's `LIBCUDA_LOG_LEVEL` numbers map as HAMi-core reads them: errors
 /// are always printed; `0`–`1` errors only, `2` (its default) warnings, `3`
 /// info, `4` and above debug.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     /// Errors only.
@@ -217,16 +219,14 @@ impl VgpuConfigError {
     }
 }
 
-const TOP_FIELDS: &str =
-    "version, devices, accountingDir, oversubscribe, memoryScaling, logLevel";
+const TOP_FIELDS: &str = "version, devices, accountingDir, oversubscribe, memoryScaling, logLevel";
 const DEVICE_FIELDS: &str = "uuid, memoryLimitMiB, smLimitPercent";
 
 impl VgpuConfig {
     /// Parses and validates a limits file. Errors are one line and name the
     /// field (`devices[1].smLimitPercent: 140 is above 100`).
     pub fn parse(text: &str) -> Result<VgpuConfig, VgpuConfigError> {
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| VgpuConfigError::syntax(&e))?;
+        let value: Value = serde_json::from_str(text).map_err(|e| VgpuConfigError::syntax(&e))?;
         // The version first: a newer file's new fields should read as "newer
         // version", not as "unknown field".
         if let Some(version) = value.get("version")
@@ -281,7 +281,10 @@ impl VgpuConfig {
             if device.memory_limit_mib.checked_mul(MIB).is_none() {
                 return Err(VgpuConfigError::field(
                     format!("devices[{i}].memoryLimitMiB"),
-                    format!("{} MiB does not fit in 64-bit bytes", device.memory_limit_mib),
+                    format!(
+                        "{} MiB does not fit in 64-bit bytes",
+                        device.memory_limit_mib
+                    ),
                 ));
             }
             if device.sm_limit_percent > 100 {
@@ -378,7 +381,10 @@ fn locate_devices(value: &Value) -> Option<VgpuConfigError> {
             ));
         };
         if !object.contains_key("uuid") {
-            return Some(VgpuConfigError::field(format!("devices[{i}].uuid"), "missing"));
+            return Some(VgpuConfigError::field(
+                format!("devices[{i}].uuid"),
+                "missing",
+            ));
         }
         for (key, v) in object {
             let field = format!("devices[{i}].{key}");
@@ -440,8 +446,7 @@ fn check_uuid(uuid: &str) -> Result<(), String> {
 /// The part of a UUID after `GPU-`/`MIG-` (any case), or `None` without a prefix.
 fn uuid_body(uuid: &str) -> Option<&str> {
     let prefix = uuid.get(..4)?;
-    (prefix.eq_ignore_ascii_case("GPU-") || prefix.eq_ignore_ascii_case("MIG-"))
-        .then(|| &uuid[4..])
+    (prefix.eq_ignore_ascii_case("GPU-") || prefix.eq_ignore_ascii_case("MIG-")).then(|| &uuid[4..])
 }
 
 /// Whether two UUIDs name the same device: the part after the prefix, any case.
@@ -554,8 +559,9 @@ impl EnvLimits {
             let name = name.as_str();
             if name == MEMORY_LIMIT {
                 limits.present = true;
-                limits.memory_limit_bytes =
-                    nonzero(parse_memory_size(&value).map_err(|m| EnvLimitsError::new(name, &value, m))?);
+                limits.memory_limit_bytes = nonzero(
+                    parse_memory_size(&value).map_err(|m| EnvLimitsError::new(name, &value, m))?,
+                );
             } else if let Some(index) = name.strip_prefix(MEMORY_LIMIT_PREFIX) {
                 limits.present = true;
                 let Some(index) = env_index(name, index, &value, &mut limits.warnings)? else {
@@ -569,8 +575,9 @@ impl EnvLimits {
                 };
             } else if name == SM_LIMIT {
                 limits.present = true;
-                limits.sm_limit_percent =
-                    nonzero(parse_percent(&value).map_err(|m| EnvLimitsError::new(name, &value, m))?);
+                limits.sm_limit_percent = nonzero(
+                    parse_percent(&value).map_err(|m| EnvLimitsError::new(name, &value, m))?,
+                );
             } else if let Some(index) = name.strip_prefix(SM_LIMIT_PREFIX) {
                 limits.present = true;
                 let Some(index) = env_index(name, index, &value, &mut limits.warnings)? else {
@@ -601,9 +608,9 @@ impl EnvLimits {
                     "true" | "1" | "yes" | "on" => true,
                     "false" | "0" | "no" | "off" | "" => false,
                     _ => {
-                        limits
-                            .warnings
-                            .push(format!("{name}={value:?} is not true/false; oversubscription stays off"));
+                        limits.warnings.push(format!(
+                            "{name}={value:?} is not true/false; oversubscription stays off"
+                        ));
                         false
                     }
                 };
@@ -663,7 +670,10 @@ impl EnvLimits {
                 memory_limit_bytes: self.memory_limit_bytes,
                 sm_limit_percent: sm_limit(self.sm_limit_percent.unwrap_or(0)),
             },
-            accounting_path: self.shared_cache.clone().unwrap_or_else(default_accounting_path),
+            accounting_path: self
+                .shared_cache
+                .clone()
+                .unwrap_or_else(default_accounting_path),
             oversubscribe: self.oversubscribe,
             memory_scaling: 1.0,
             log_level: self.log_level,
@@ -731,9 +741,7 @@ pub fn parse_percent(value: &str) -> Result<u32, String> {
 
 fn parse_decimal(digits: &str) -> Result<u64, String> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(
-            "expected decimal digits with an optional k, m or g suffix".to_string(),
-        );
+        return Err("expected decimal digits with an optional k, m or g suffix".to_string());
     }
     if digits.len() > 1 && digits.starts_with('0') {
         return Err("a leading zero is ambiguous (HAMi-core reads it as octal)".to_string());
@@ -900,11 +908,7 @@ mod tests {
     }
 
     fn env(pairs: &[(&str, &str)]) -> Result<EnvLimits, EnvLimitsError> {
-        EnvLimits::from_vars(
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string())),
-        )
+        EnvLimits::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
     }
 
     #[test]
@@ -921,7 +925,10 @@ mod tests {
         let config = VgpuConfig::parse(&text).expect("valid file");
         assert_eq!(config.devices.len(), 2);
         assert_eq!(config.devices[0].memory_limit_mib, 4096);
-        assert_eq!(config.devices[1].memory_limit_mib, 0, "memory limit defaults to none");
+        assert_eq!(
+            config.devices[1].memory_limit_mib, 0,
+            "memory limit defaults to none"
+        );
         assert!(config.oversubscribe);
         assert_eq!(config.memory_scaling, 1.5);
         assert_eq!(config.log_level, LogLevel::Debug);
@@ -929,7 +936,8 @@ mod tests {
 
     #[test]
     fn minimal_file_takes_the_defaults() {
-        let config = VgpuConfig::parse(&file(&format!(r#"{{"uuid": "{UUID_A}"}}"#))).expect("valid");
+        let config =
+            VgpuConfig::parse(&file(&format!(r#"{{"uuid": "{UUID_A}"}}"#))).expect("valid");
         assert_eq!(config.accounting_dir, PathBuf::from(DEFAULT_ACCOUNTING_DIR));
         assert!(!config.oversubscribe);
         assert_eq!(config.memory_scaling, 1.0);
@@ -941,13 +949,20 @@ mod tests {
         let text = file(&format!(
             r#"{{"uuid": "{UUID_A}"}}, {{"uuid": "{UUID_B}", "smLimitPercent": 140}}"#
         ));
-        assert_eq!(parse_err(&text), "devices[1].smLimitPercent: 140 is above 100");
+        assert_eq!(
+            parse_err(&text),
+            "devices[1].smLimitPercent: 140 is above 100"
+        );
     }
 
     #[test]
     fn unknown_fields_are_named_at_both_levels() {
         let text = r#"{"version": 1, "devices": [], "memoryLimit": 3}"#;
-        assert!(parse_err(text).starts_with("memoryLimit: unknown field"), "{}", parse_err(text));
+        assert!(
+            parse_err(text).starts_with("memoryLimit: unknown field"),
+            "{}",
+            parse_err(text)
+        );
         let text = file(&format!(r#"{{"uuid": "{UUID_A}", "memoryLimitMib": 3}}"#));
         assert!(
             parse_err(&text).starts_with("devices[0].memoryLimitMib: unknown field"),
@@ -958,24 +973,36 @@ mod tests {
 
     #[test]
     fn wrong_types_are_named() {
-        let text = file(&format!(r#"{{"uuid": "{UUID_A}", "memoryLimitMiB": "4g"}}"#));
+        let text = file(&format!(
+            r#"{{"uuid": "{UUID_A}", "memoryLimitMiB": "4g"}}"#
+        ));
         assert!(
             parse_err(&text).starts_with("devices[0].memoryLimitMiB: invalid type"),
             "{}",
             parse_err(&text)
         );
         let text = file(&format!(r#"{{"uuid": "{UUID_A}", "memoryLimitMiB": -1}}"#));
-        assert!(parse_err(&text).starts_with("devices[0].memoryLimitMiB:"), "{}", parse_err(&text));
+        assert!(
+            parse_err(&text).starts_with("devices[0].memoryLimitMiB:"),
+            "{}",
+            parse_err(&text)
+        );
         assert_eq!(
             parse_err(r#"{"version": 1, "devices": [], "logLevel": "loud"}"#)
                 .split(':')
                 .next(),
             Some("logLevel")
         );
-        assert_eq!(parse_err("[]"), "(top level): expected an object, found an array");
+        assert_eq!(
+            parse_err("[]"),
+            "(top level): expected an object, found an array"
+        );
         assert_eq!(parse_err(r#"{"devices": []}"#), "version: missing");
         assert_eq!(parse_err(r#"{"version": 1}"#), "devices: missing");
-        assert_eq!(parse_err(&file("3")), "devices[0]: expected an object, found a number");
+        assert_eq!(
+            parse_err(&file("3")),
+            "devices[0]: expected an object, found a number"
+        );
     }
 
     #[test]
@@ -998,7 +1025,10 @@ mod tests {
     #[test]
     fn newer_version_is_reported_as_such_even_with_new_fields() {
         let err = parse_err(r#"{"version": 2, "devices": [], "somethingNew": true}"#);
-        assert_eq!(err, "version: 2 is not supported (this library reads version 1)");
+        assert_eq!(
+            err,
+            "version: 2 is not supported (this library reads version 1)"
+        );
     }
 
     #[test]
@@ -1013,7 +1043,11 @@ mod tests {
         );
         let upper = UUID_A.to_ascii_uppercase();
         let text = file(&format!(r#"{{"uuid": "{UUID_A}"}}, {{"uuid": "{upper}"}}"#));
-        assert!(parse_err(&text).starts_with("devices[1].uuid:"), "{}", parse_err(&text));
+        assert!(
+            parse_err(&text).starts_with("devices[1].uuid:"),
+            "{}",
+            parse_err(&text)
+        );
         assert!(parse_err(&text).ends_with("repeats devices[0]"));
         assert!(parse_err(&file(r#"{"uuid": "GPU-a b"}"#)).contains("contains ' '"));
     }
@@ -1023,7 +1057,10 @@ mod tests {
         let devices: Vec<String> = (0..17)
             .map(|i| format!(r#"{{"uuid": "GPU-{i:08x}"}}"#))
             .collect();
-        assert_eq!(parse_err(&file(&devices.join(","))), "devices: 17 devices, at most 16");
+        assert_eq!(
+            parse_err(&file(&devices.join(","))),
+            "devices: 17 devices, at most 16"
+        );
     }
 
     #[test]
@@ -1047,7 +1084,11 @@ mod tests {
         );
         for bad in ["0", "-1", "64.5", "1e-400"] {
             let text = format!(r#"{{"version": 1, "devices": [], "memoryScaling": {bad}}}"#);
-            assert!(parse_err(&text).starts_with("memoryScaling"), "{bad}: {}", parse_err(&text));
+            assert!(
+                parse_err(&text).starts_with("memoryScaling"),
+                "{bad}: {}",
+                parse_err(&text)
+            );
         }
     }
 
@@ -1088,10 +1129,23 @@ mod tests {
         assert_eq!(parse_memory_size("0"), Ok(0));
         assert_eq!(parse_memory_size("0m"), Ok(0));
         assert_eq!(parse_memory_size(""), Ok(0));
-        for bad in ["0x10", "010m", "1.5g", "g", "-1", "4 g", "4gb", "4GiB", "18446744073709551616"] {
+        for bad in [
+            "0x10",
+            "010m",
+            "1.5g",
+            "g",
+            "-1",
+            "4 g",
+            "4gb",
+            "4GiB",
+            "18446744073709551616",
+        ] {
             assert!(parse_memory_size(bad).is_err(), "{bad:?} should be refused");
         }
-        assert!(parse_memory_size("17179869184g").is_err(), "overflow after scaling");
+        assert!(
+            parse_memory_size("17179869184g").is_err(),
+            "overflow after scaling"
+        );
     }
 
     #[test]
@@ -1117,7 +1171,11 @@ mod tests {
             "_2=0 falls back to the unsuffixed value"
         );
         assert_eq!(r.limit_for(0, uuid).sm_limit_percent, Some(40));
-        assert_eq!(r.limit_for(2, uuid).sm_limit_percent, None, "100 % is no limit");
+        assert_eq!(
+            r.limit_for(2, uuid).sm_limit_percent,
+            None,
+            "100 % is no limit"
+        );
         assert_eq!(r.limit_for(9, uuid).memory_limit_bytes, Some(2 << 30));
     }
 
@@ -1128,15 +1186,25 @@ mod tests {
         let r = limits.resolve();
         assert_eq!(r.source, LimitsSource::Unlimited);
         assert!(r.limit_for(0, UUID_A).is_unlimited());
-        assert_eq!(r.accounting_path, PathBuf::from("/var/run/tessera/vgpu.accounting"));
+        assert_eq!(
+            r.accounting_path,
+            PathBuf::from("/var/run/tessera/vgpu.accounting")
+        );
     }
 
     #[test]
     fn bad_limit_values_are_errors_naming_the_variable() {
         let err = env(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "lots")]).expect_err("refused");
-        assert!(err.to_string().starts_with("CUDA_DEVICE_MEMORY_LIMIT_0=\"lots\": "), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("CUDA_DEVICE_MEMORY_LIMIT_0=\"lots\": "),
+            "{err}"
+        );
         let err = env(&[("CUDA_DEVICE_SM_LIMIT", "140")]).expect_err("refused");
-        assert_eq!(err.to_string(), "CUDA_DEVICE_SM_LIMIT=\"140\": 140 is above 100");
+        assert_eq!(
+            err.to_string(),
+            "CUDA_DEVICE_SM_LIMIT=\"140\": 140 is above 100"
+        );
         let err = env(&[("CUDA_DEVICE_MEMORY_LIMIT_16", "1g")]).expect_err("refused");
         assert!(err.message.contains("beyond"), "{err}");
     }
@@ -1168,7 +1236,10 @@ mod tests {
         assert!(r.oversubscribe);
         assert_eq!(r.accounting_path, PathBuf::from("/tmp/vgpu/abc.cache"));
         assert_eq!(r.log_level, LogLevel::Debug);
-        assert_eq!(env(&[("CUDA_OVERSUBSCRIBE", "1")]).map(|l| l.oversubscribe), Ok(true));
+        assert_eq!(
+            env(&[("CUDA_OVERSUBSCRIBE", "1")]).map(|l| l.oversubscribe),
+            Ok(true)
+        );
     }
 
     #[test]

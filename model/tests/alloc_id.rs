@@ -23,13 +23,19 @@ fn hostile_ids_are_refused_with_one_line_errors() {
     ] {
         let err = AllocId::new(input).expect_err(input);
         let line = err.to_string();
-        assert!(line.contains(expect), "{input:?}: {line:?} lacks {expect:?}");
+        assert!(
+            line.contains(expect),
+            "{input:?}: {line:?} lacks {expect:?}"
+        );
         assert!(!line.contains('\n'), "{input:?}: multi-line error {line:?}");
     }
     let long = "a".repeat(300);
     assert_eq!(
         AllocId::new(&long),
-        Err(AllocIdError::TooLong { len: 300, max: MAX_LEN })
+        Err(AllocIdError::TooLong {
+            len: 300,
+            max: MAX_LEN
+        })
     );
     assert!(AllocId::new(&"a".repeat(MAX_LEN)).is_ok());
     assert!(AllocId::new(&"a".repeat(MAX_LEN + 1)).is_err());

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use proptest::prelude::*;
 use tessera_model::vgpu::{
-    CONFIG_VERSION, DeviceConfig, EnvLimits, LogLevel, MAX_DEVICES, VgpuConfig,
-    parse_memory_size, parse_percent,
+    CONFIG_VERSION, DeviceConfig, EnvLimits, LogLevel, MAX_DEVICES, VgpuConfig, parse_memory_size,
+    parse_percent,
 };
 
 /// Text that is sometimes close to a limits file.
@@ -65,17 +65,13 @@ fn env_value() -> impl Strategy<Value = String> {
 }
 
 fn valid_config() -> impl Strategy<Value = VgpuConfig> {
-    let device = (
-        "[0-9a-f]{8}",
-        0u64..=(1 << 24),
-        0u32..=100,
-        any::<bool>(),
-    )
-        .prop_map(|(body, memory_limit_mib, sm_limit_percent, mig)| DeviceConfig {
+    let device = ("[0-9a-f]{8}", 0u64..=(1 << 24), 0u32..=100, any::<bool>()).prop_map(
+        |(body, memory_limit_mib, sm_limit_percent, mig)| DeviceConfig {
             uuid: format!("{}-{body}", if mig { "MIG" } else { "GPU" }),
             memory_limit_mib,
             sm_limit_percent,
-        });
+        },
+    );
     (
         prop::collection::vec(device, 0..=MAX_DEVICES),
         "(/[a-z]{1,6}){1,3}",
@@ -147,7 +143,7 @@ proptest! {
         for (i, device) in config.devices.iter().enumerate() {
             // Any ordinal: the UUID decides.
             let limit = resolved.limit_for(MAX_DEVICES - i, &device.uuid);
-            let expected = (device.memory_limit_mib > 0).then(|| device.memory_limit_mib << 20);
+            let expected = (device.memory_limit_mib > 0).then_some(device.memory_limit_mib << 20);
             prop_assert_eq!(limit.memory_limit_bytes, expected);
         }
     }

@@ -14,10 +14,19 @@
 //!   proc/driver/nvidia-caps/mig-minors  the full static table (see crate::caps)
 //!   usr/bin/nvidia-smi                stand-in script
 //!   usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1   the NVML stand-in (tessera-sim-nvml)
-//!   usr/lib/x86_64-linux-gnu/{libcuda.so.1, libnvidia-ptxjitcompiler.so.1, libnvidia-nvvm.so.4,
+//!   usr/lib/x86_64-linux-gnu/libcuda.so.1        the CUDA driver stand-in (tessera-sim-cuda)
+//!   usr/lib/x86_64-linux-gnu/{libnvidia-ptxjitcompiler.so.1, libnvidia-nvvm.so.4,
 //!                             libnvidia-allocator.so.1, libnvidia-cfg.so.1}   placeholder files
 //!   run/tessera-sim/state.json, state.lock       the GI/CI state (crate::state)
+//!   run/tessera-sim/util/                        1777: GPU processes' utilization files
+//!                                                (written by the CUDA stand-in, read by NVML)
 //! ```
+//!
+//! Both stand-in libraries are copies of the cdylibs cargo builds
+//! (`libtessera_sim_nvml.so`, `libtessera_sim_cuda.so`), taken from
+//! [`BuildOptions`] or found next to the running executable; a build
+//! without them fails, naming the missing file and the cargo command that
+//! makes it.
 //!
 //! `<caps>` and `<uvm>` are dynamic majors on a real host; here they default
 //! to 508 and 511 (values seen on real hosts) and can be set in
@@ -43,12 +52,15 @@ pub const DEFAULT_CAPS_MAJOR: u32 = 508;
 pub const DEFAULT_UVM_MAJOR: u32 = 511;
 /// File name of the NVML stand-in as cargo builds it.
 pub const NVML_STANDIN_FILE: &str = "libtessera_sim_nvml.so";
+/// File name of the CUDA driver stand-in as cargo builds it.
+pub const CUDA_STANDIN_FILE: &str = "libtessera_sim_cuda.so";
+/// Directory, relative to the root, of the utilization files GPU processes publish.
+pub const UTIL_DIR: &str = "run/tessera-sim/util";
 /// Library directory under the root.
 pub const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
 
 /// Placeholder driver libraries: `(file name, what it stands in for)`.
 pub const PLACEHOLDER_LIBS: &[(&str, &str)] = &[
-    ("libcuda.so.1", "CUDA driver library"),
     ("libnvidia-ptxjitcompiler.so.1", "PTX JIT compiler"),
     ("libnvidia-nvvm.so.4", "NVVM compiler"),
     ("libnvidia-allocator.so.1", "GBM allocator"),
@@ -62,6 +74,10 @@ pub struct BuildOptions {
     /// the current executable (or one directory up when the executable sits in
     /// cargo's `deps/`, as test binaries do).
     pub nvml_library: Option<PathBuf>,
+    /// The CUDA driver stand-in to install as `libcuda.so.1`; `None`:
+    /// `libtessera_sim_cuda.so` next to the current executable (or one
+    /// directory up from cargo's `deps/`).
+    pub cuda_library: Option<PathBuf>,
     /// Replace the tessera-sim parts of a non-empty root.
     pub force: bool,
     /// Major of `nvidia-caps` in `proc/devices` and of the cap nodes.
@@ -74,6 +90,7 @@ impl Default for BuildOptions {
     fn default() -> Self {
         BuildOptions {
             nvml_library: None,
+            cuda_library: None,
             force: false,
             caps_major: DEFAULT_CAPS_MAJOR,
             uvm_major: DEFAULT_UVM_MAJOR,
@@ -92,6 +109,8 @@ pub struct BuiltNode {
     pub device_nodes: Vec<PathBuf>,
     /// Where the NVML stand-in was installed.
     pub nvml_library: PathBuf,
+    /// Where the CUDA driver stand-in was installed.
+    pub cuda_library: PathBuf,
 }
 
 /// Builds the node described by `profile` under `root`.
@@ -106,13 +125,19 @@ pub fn build_node(
 ) -> Result<BuiltNode, SimError> {
     let state = profile.node_state(&profile.name)?;
     let nvml_source = resolve_nvml_library(opts)?;
+    let cuda_source = resolve_cuda_library(opts)?;
     let was_empty = prepare_root(root, opts.force)?;
-    match lay_out(root, opts, &state, &nvml_source) {
-        Ok((device_nodes, nvml_library)) => Ok(BuiltNode {
+    let sources = Sources {
+        nvml: &nvml_source,
+        cuda: &cuda_source,
+    };
+    match lay_out(root, opts, &state, &sources) {
+        Ok((device_nodes, nvml_library, cuda_library)) => Ok(BuiltNode {
             root: root.to_path_buf(),
             state,
             device_nodes,
             nvml_library,
+            cuda_library,
         }),
         Err(e) => {
             // Leave an empty root as it was found, so a second try needs no --force.
@@ -124,14 +149,20 @@ pub fn build_node(
     }
 }
 
+/// The stand-in libraries to install.
+struct Sources<'a> {
+    nvml: &'a Path,
+    cuda: &'a Path,
+}
+
 /// Makes every file of the node; returns the device nodes made and the
-/// installed NVML library.
+/// installed NVML and CUDA libraries.
 fn lay_out(
     root: &Path,
     opts: &BuildOptions,
     state: &NodeState,
-    nvml_source: &Path,
-) -> Result<(Vec<PathBuf>, PathBuf), SimError> {
+    sources: &Sources<'_>,
+) -> Result<(Vec<PathBuf>, PathBuf, PathBuf), SimError> {
     let mut device_nodes = Vec::new();
     let mut node = |path: PathBuf, major: u32, minor: u32, mode: u32| -> Result<(), SimError> {
         devnode::make_char_node(&path, major, minor, mode)?;
@@ -231,19 +262,30 @@ fn lay_out(
         "#!/bin/sh\n# tessera-sim stand-in for nvidia-smi\necho simulated\n",
         0o755,
     )?;
-    let nvml_library = lib_dir.join("libnvidia-ml.so.1");
-    fs::copy(nvml_source, &nvml_library).map_err(|e| SimError::Build {
-        path: nvml_source.to_path_buf(),
-        reason: format!(
-            "cannot copy the NVML stand-in to {}: {e}",
-            nvml_library.display()
-        ),
-    })?;
-    fs::set_permissions(&nvml_library, fs::Permissions::from_mode(0o755))
-        .map_err(|e| SimError::io(&nvml_library, e))?;
+    let nvml_library = install(sources.nvml, &lib_dir.join("libnvidia-ml.so.1"), "NVML")?;
+    let cuda_library = install(sources.cuda, &lib_dir.join("libcuda.so.1"), "CUDA driver")?;
 
     StateStore::write_new(root, state)?;
-    Ok((device_nodes, nvml_library))
+    let util = root.join(UTIL_DIR);
+    mkdir(&util)?;
+    // Any user's CUDA process may publish its utilization here (sticky, like /tmp).
+    fs::set_permissions(&util, fs::Permissions::from_mode(0o1777))
+        .map_err(|e| SimError::io(&util, e))?;
+    Ok((device_nodes, nvml_library, cuda_library))
+}
+
+/// Copies a stand-in library to `target`, mode 0755.
+fn install(source: &Path, target: &Path, what: &str) -> Result<PathBuf, SimError> {
+    fs::copy(source, target).map_err(|e| SimError::Build {
+        path: source.to_path_buf(),
+        reason: format!(
+            "cannot copy the {what} stand-in to {}: {e}",
+            target.display()
+        ),
+    })?;
+    fs::set_permissions(target, fs::Permissions::from_mode(0o755))
+        .map_err(|e| SimError::io(target, e))?;
+    Ok(target.to_path_buf())
 }
 
 fn clear_dir(dir: &Path) -> std::io::Result<()> {
@@ -271,27 +313,62 @@ fn table_error(root: &Path, gpu_minor: u32, gi: u32, ci: Option<u32>) -> SimErro
 /// The NVML stand-in to install, by [`BuildOptions::nvml_library`] or next to
 /// the current executable.
 pub fn resolve_nvml_library(opts: &BuildOptions) -> Result<PathBuf, SimError> {
-    if let Some(p) = &opts.nvml_library {
+    resolve_library(
+        opts.nvml_library.as_deref(),
+        NVML_STANDIN_FILE,
+        "NVML",
+        "tessera-sim-nvml",
+        "--nvml-lib",
+    )
+}
+
+/// The CUDA driver stand-in to install, by [`BuildOptions::cuda_library`]
+/// or next to the current executable.
+pub fn resolve_cuda_library(opts: &BuildOptions) -> Result<PathBuf, SimError> {
+    resolve_library(
+        opts.cuda_library.as_deref(),
+        CUDA_STANDIN_FILE,
+        "CUDA driver",
+        "tessera-sim-cuda",
+        "--cuda-lib",
+    )
+}
+
+/// A stand-in library: `explicit` if given (it must exist), else `file`
+/// next to the current executable, or one directory up when the executable
+/// sits in cargo's `deps/` (test binaries do).
+fn resolve_library(
+    explicit: Option<&Path>,
+    file: &str,
+    what: &str,
+    package: &str,
+    flag: &str,
+) -> Result<PathBuf, SimError> {
+    if let Some(p) = explicit {
         return if p.is_file() {
-            Ok(p.clone())
+            Ok(p.to_path_buf())
         } else {
             Err(SimError::Build {
-                path: p.clone(),
-                reason: "NVML stand-in library not found (build it with `cargo build -p tessera-sim-nvml`)".into(),
+                path: p.to_path_buf(),
+                reason: format!(
+                    "{what} stand-in library not found (build it with `cargo build -p {package}`)"
+                ),
             })
         };
     }
     let exe = std::env::current_exe().map_err(|e| SimError::io("/proc/self/exe", e))?;
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    let mut candidates = vec![dir.join(NVML_STANDIN_FILE)];
+    let mut candidates = vec![dir.join(file)];
     if dir.file_name().is_some_and(|n| n == "deps")
         && let Some(up) = dir.parent()
     {
-        candidates.push(up.join(NVML_STANDIN_FILE));
+        candidates.push(up.join(file));
     }
     candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| SimError::Build {
         path: candidates[0].clone(),
-        reason: "NVML stand-in library not found next to the executable; build it with `cargo build -p tessera-sim-nvml` or pass --nvml-lib PATH".into(),
+        reason: format!(
+            "{what} stand-in library not found next to the executable; build it with `cargo build -p {package}` or pass {flag} PATH"
+        ),
     })
 }
 

@@ -181,11 +181,7 @@ fn non_empty_root_is_refused_without_force_and_force_keeps_foreign_files() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
-    let nvml = common::fake_nvml(tmp.path());
-    let opts = BuildOptions {
-        nvml_library: Some(nvml),
-        ..BuildOptions::default()
-    };
+    let opts = common::fake_libs(tmp.path());
     build_node(&NodeProfile::load("demo").unwrap(), &root, &opts).unwrap();
     fs::write(root.join("dev/keep-me"), "x").unwrap();
 
@@ -235,6 +231,50 @@ fn missing_nvml_library_says_how_to_get_one() {
         !tmp.path().join("r").exists(),
         "nothing is built when the library is missing"
     );
+}
+
+#[test]
+fn missing_cuda_library_says_how_to_get_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = BuildOptions {
+        cuda_library: Some(tmp.path().join("nope.so")),
+        ..common::fake_libs(tmp.path())
+    };
+    let err = build_node(
+        &NodeProfile::load("demo").unwrap(),
+        &tmp.path().join("r"),
+        &opts,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("nope.so"), "{err}");
+    assert!(err.contains("cargo build -p tessera-sim-cuda"), "{err}");
+    assert!(
+        !tmp.path().join("r").exists(),
+        "nothing is built when the library is missing"
+    );
+}
+
+#[test]
+fn the_cuda_stand_in_is_installed_as_libcuda_and_util_dir_is_open_to_all() {
+    if !common::can_mknod("the_cuda_stand_in_is_installed_as_libcuda_and_util_dir_is_open_to_all") {
+        return;
+    }
+    let (tmp, built) = common::build(&NodeProfile::load("demo").unwrap());
+    let lib = built.root.join("usr/lib/x86_64-linux-gnu/libcuda.so.1");
+    assert_eq!(built.cuda_library, lib);
+    assert_eq!(
+        fs::read(&lib).unwrap(),
+        fs::read(tmp.path().join("libtessera_sim_cuda.so")).unwrap(),
+        "libcuda.so.1 is a copy of the CUDA stand-in"
+    );
+    assert_eq!(
+        fs::metadata(&lib).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    let util = fs::metadata(built.root.join(tessera_sim::builder::UTIL_DIR)).unwrap();
+    assert!(util.is_dir());
+    assert_eq!(util.permissions().mode() & 0o7777, 0o1777);
 }
 
 #[test]

@@ -93,12 +93,15 @@ fn create_then_show() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let nvml = common::fake_nvml(tmp.path());
+    let cuda = common::fake_cuda(tmp.path());
     let root = tmp.path().join("root");
     let out = sim()
         .args(["create", "--profile", "demo", "--root"])
         .arg(&root)
         .arg("--nvml-lib")
         .arg(&nvml)
+        .arg("--cuda-lib")
+        .arg(&cuda)
         .output()
         .unwrap();
     assert!(
@@ -114,5 +117,9 @@ fn create_then_show() {
     assert_eq!(
         std::fs::read(root.join("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")).unwrap(),
         std::fs::read(&nvml).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(root.join("usr/lib/x86_64-linux-gnu/libcuda.so.1")).unwrap(),
+        std::fs::read(&cuda).unwrap()
     );
 }

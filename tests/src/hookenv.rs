@@ -58,7 +58,8 @@ pub fn hook_binary() -> PathBuf {
         .join("tessera-hook");
     assert!(
         path.exists(),
-        "{} is missing: build the static hook first (bash scripts/build-hook.sh)",
+        "{} is missing: build the static hook first (scripts/build-hook.sh, or \
+         hook/scripts/build-static.sh debug)",
         path.display()
     );
     path
@@ -130,8 +131,9 @@ pub struct HookFixture {
     pub state_dir: PathBuf,
     /// The hook's config file.
     pub config: PathBuf,
-    /// Host files the transient spec mounts: (host path, container path).
-    pub mounted_files: Vec<(PathBuf, String)>,
+    /// Host files the transient spec mounts: (host path, container path,
+    /// content as written).
+    pub mounted_files: Vec<(PathBuf, String, String)>,
     /// The device nodes the allocation grants (control nodes, the A100's node
     /// and the two capability nodes of one of its MIG devices).
     pub granted: Vec<ExpectedNode>,
@@ -169,27 +171,29 @@ impl HookFixture {
             .first()
             .map(|m| m.1.clone())
             .context("the demo node has a MIG device")?;
+        let limits = serde_json::json!({
+            "version": 1,
+            "devices": [{"uuid": mig_uuid, "memoryLimitMiB": 4000, "smLimitPercent": 50}],
+        });
         let mounted_files = vec![
             (
                 files.join("libtessera_vgpu.so"),
                 LIBRARY_IN_CONTAINER.to_owned(),
+                "stand-in for libtessera_vgpu.so (e2e fixture)\n".to_owned(),
             ),
-            (files.join("ld.so.preload"), PRELOAD_IN_CONTAINER.to_owned()),
-            (files.join("vgpu.json"), LIMITS_IN_CONTAINER.to_owned()),
+            (
+                files.join("ld.so.preload"),
+                PRELOAD_IN_CONTAINER.to_owned(),
+                format!("{LIBRARY_IN_CONTAINER}\n"),
+            ),
+            (
+                files.join("vgpu.json"),
+                LIMITS_IN_CONTAINER.to_owned(),
+                format!("{limits}\n"),
+            ),
         ];
-        fs::write(
-            &mounted_files[0].0,
-            "stand-in for libtessera_vgpu.so (e2e fixture)\n",
-        )?;
-        fs::write(&mounted_files[1].0, format!("{LIBRARY_IN_CONTAINER}\n"))?;
-        fs::write(
-            &mounted_files[2].0,
-            serde_json::to_vec(&serde_json::json!({
-                "version": 1,
-                "devices": [{"uuid": mig_uuid, "memoryLimitMiB": 4000, "smLimitPercent": 50}],
-            }))?,
-        )?;
-        for (path, _) in &mounted_files {
+        for (path, _, content) in &mounted_files {
+            fs::write(path, content)?;
             fs::set_permissions(path, fs::Permissions::from_mode(0o644))?;
         }
 
@@ -253,7 +257,7 @@ impl HookFixture {
         let mounts = self
             .mounted_files
             .iter()
-            .map(|(host, container)| Mount {
+            .map(|(host, container, _)| Mount {
                 host_path: host.display().to_string(),
                 container_path: container.clone(),
                 options: ["ro", "nosuid", "nodev", "bind", "rprivate"]
@@ -460,14 +464,18 @@ pub fn c_helper(name: &str, source: &str, flags: &[&str]) -> Result<PathBuf> {
     Ok(out)
 }
 
-/// A statically linked program that does nothing — or, given a path as its
-/// first argument, appends a line to that file. The baseline hook: what a
-/// runtime does with a hostile rootfs when the hook does nothing.
+/// A statically linked program that reads its stdin to the end and does
+/// nothing else — or, given a path as its first argument, also appends a line
+/// to that file. The baseline hook: what a runtime does with a hostile rootfs
+/// when the hook does nothing. (It drains stdin because crun dies of SIGPIPE
+/// when a hook exits before the runtime has written the state.)
 pub fn static_noop() -> Result<PathBuf> {
     c_helper(
         "static-noop",
         "#include <fcntl.h>\n#include <unistd.h>\n\
          int main(int argc, char **argv) {\n\
+           char buf[4096];\n\
+           while (read(0, buf, sizeof buf) > 0) {}\n\
            if (argc > 1) { int fd = open(argv[1], O_WRONLY | O_CREAT | O_APPEND, 0644);\n\
              if (fd >= 0) { (void)write(fd, \"ran\\n\", 4); close(fd); } }\n\
            return 0;\n}\n",
@@ -490,12 +498,14 @@ pub fn evil_library() -> Result<PathBuf> {
     )
 }
 
-/// A `podman run` of `script` in `rootfs` with the hooks in `hooks_dir` and
-/// `annotations`, with the settings these machines need (see [`crate::podman`]).
+/// A `podman run` of `script` in `rootfs` with the hooks in `hooks_dir`,
+/// `annotations` and `extra` options, with the settings these machines need
+/// (see [`crate::podman`]).
 pub fn podman_with_hooks(
     runtime: &str,
     hooks_dir: &Path,
     annotations: &[(&str, &str)],
+    extra: &[&std::ffi::OsStr],
     rootfs: &Path,
     script: &str,
 ) -> Command {
@@ -515,8 +525,121 @@ pub fn podman_with_hooks(
     for (key, value) in annotations {
         cmd.arg("--annotation").arg(format!("{key}={value}"));
     }
+    cmd.args(extra);
     cmd.arg("--rootfs")
         .arg(rootfs)
         .args(["/bin/sh", "-c", script]);
     cmd
+}
+
+impl HookFixture {
+    /// What is wrong with a GPU container's [`probe_script`] output, one line
+    /// each: its NVIDIA nodes must be exactly the granted ones with the node's
+    /// numbers, each must pass the device cgroup (ENXIO, not EPERM), and each
+    /// mounted file must read as the host file and refuse writes.
+    pub fn probe_problems(&self, output: &str) -> Vec<String> {
+        let mut problems = Vec::new();
+        if !output.contains("PROBE-DONE") {
+            problems.push("the probe did not finish".to_owned());
+        }
+        let stat = tagged(output, "NODE").join("\n");
+        match crate::node::parse_stat_lines(&stat) {
+            Ok(seen) => {
+                if seen != self.granted {
+                    problems.push(format!(
+                        "device nodes: want {:?}, saw {seen:?}",
+                        self.granted
+                    ));
+                }
+                for node in seen.iter().filter(|n| self.withheld.contains(n)) {
+                    problems.push(format!("sees {} which it was not given", node.path));
+                }
+            }
+            Err(e) => problems.push(format!("stat output: {e:#}")),
+        }
+        let opened = tagged(output, "OPEN");
+        if opened.len() != self.granted.len() {
+            problems.push(format!("OPEN lines: {opened:?}"));
+        }
+        for line in opened {
+            if !line.contains("No such device or address") {
+                problems.push(format!(
+                    "open should reach the (absent) driver past the device cgroup: {line}"
+                ));
+            }
+        }
+        let reads = tagged(output, "READ");
+        let writes = tagged(output, "WRITE");
+        let mounts = tagged(output, "MOUNT");
+        for (host, container, content) in &self.mounted_files {
+            if fs::read_to_string(host).ok().as_ref() != Some(content) {
+                problems.push(format!("host file {} changed", host.display()));
+            }
+            let want = content.replace('\n', " ");
+            let prefix = format!("{container}: ");
+            match reads.iter().find_map(|l| l.strip_prefix(&prefix)) {
+                Some(got) if got == want => {}
+                other => problems.push(format!("{container}: read {other:?}, want {want:?}")),
+            }
+            match writes.iter().find_map(|l| l.strip_prefix(&prefix)) {
+                Some(got) if got.contains("Read-only file system") && !got.contains("WROTE") => {}
+                other => problems.push(format!(
+                    "{container}: a write should fail with EROFS, got {other:?}"
+                )),
+            }
+            let mounted_ro = mounts.iter().any(|m| {
+                let fields: Vec<&str> = m.split(' ').collect();
+                fields.get(1) == Some(&container.as_str())
+                    && fields
+                        .get(3)
+                        .is_some_and(|o| o.split(',').any(|x| x == "ro"))
+            });
+            if !mounted_ro {
+                problems.push(format!("{container}: no read-only mount in {mounts:?}"));
+            }
+        }
+        problems
+    }
+}
+
+impl HookFixture {
+    /// Puts the allocation's edits into the bundle's `config.json` the way a
+    /// CDI-capable runtime (or containerd 1.6 from a native Allocate answer)
+    /// does: `linux.devices`, a device-cgroup allow rule per node, and the
+    /// read-only bind mounts. The runtime then creates everything itself.
+    pub fn apply_edits_like_a_runtime(&self, bundle: &mut Bundle) {
+        let config = bundle.config_mut();
+        let devices: Vec<serde_json::Value> = self
+            .granted
+            .iter()
+            .map(|n| {
+                serde_json::json!({
+                    "path": n.path, "type": "c", "major": n.major, "minor": n.minor,
+                    "fileMode": 0o666, "uid": 0, "gid": 0,
+                })
+            })
+            .collect();
+        config["linux"]["devices"] = serde_json::json!(devices);
+        let rules = &mut config["linux"]["resources"]["devices"];
+        if !rules.is_array() {
+            *rules = serde_json::json!([]);
+        }
+        if let Some(rules) = rules.as_array_mut() {
+            for n in &self.granted {
+                rules.push(serde_json::json!({
+                    "allow": true, "type": "c", "major": n.major, "minor": n.minor, "access": "rw",
+                }));
+            }
+        }
+        if let Some(mounts) = config["mounts"].as_array_mut() {
+            for (host, container, _) in &self.mounted_files {
+                mounts.push(serde_json::json!({
+                    "destination": container,
+                    "type": "bind",
+                    "source": host,
+                    "options": ["ro", "nosuid", "nodev", "bind", "rprivate"],
+                }));
+            }
+        }
+    }
 }

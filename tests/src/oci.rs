@@ -283,12 +283,13 @@ impl Container {
         fs::read_to_string(&self.stdout).unwrap_or_default()
     }
 
-    /// `<runtime> delete <id>`: runs the poststop hooks.
+    /// `<runtime> delete <id>`: runs the poststop hooks. If it fails, the
+    /// drop still deletes the container forcibly.
     pub fn delete(mut self) -> Result<()> {
-        self.deleted = true;
         run(Command::new(self.runtime.program())
             .arg("delete")
             .arg(&self.id))?;
+        self.deleted = true;
         Ok(())
     }
 

@@ -149,15 +149,15 @@ fn fnv(bytes: &[u8]) -> u64 {
 }
 
 /// Lays out a sentinel tree under `dir`: files named like what the hook
-/// writes (`nvidia1`, `ld.so.preload`, `libtessera_vgpu.so`, `vgpu.json`), a
-/// `nvidia-caps/` directory, copies of the host's `passwd` and `group`, a fake
-/// `shadow`, and a symlink. Every file holds [`TOKEN`].
+/// writes (`ld.so.preload`, `libtessera_vgpu.so`, `vgpu.json`, a `nvidia0`
+/// decoy), a `nvidia-caps/` directory, copies of the host's `passwd` and
+/// `group`, a fake `shadow`, and a symlink. Every file holds [`TOKEN`]. The
+/// names of the nodes the test allocation grants are left free, so a node
+/// made through a symlink shows up as an added entry.
 pub fn plant(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir.join("nvidia-caps"))?;
     let files = [
         "nvidia0",
-        "nvidia1",
-        "nvidiactl",
         "ld.so.preload",
         "libtessera_vgpu.so",
         "vgpu.json",
@@ -238,8 +238,16 @@ impl HostRootView {
     pub fn changes_since(&self, before: &HostRootView) -> BTreeSet<String> {
         let mut out = BTreeSet::new();
         for (name, entry) in &self.top {
-            if before.top.get(name) != Some(entry) {
-                out.insert(format!("/{name}: {}", describe(entry)));
+            match before.top.get(name) {
+                Some(old) if old != entry => {
+                    out.insert(format!("/{name}: {} -> {}", describe(old), describe(entry)));
+                }
+                // New entries count when a runtime or hook could have made
+                // them; other programs may create files in / meanwhile.
+                None if is_suspect_name(name) => {
+                    out.insert(format!("/{name}: {}", describe(entry)));
+                }
+                _ => {}
             }
         }
         for name in before.top.keys().filter(|n| !self.top.contains_key(*n)) {
@@ -258,10 +266,10 @@ impl HostRootView {
         out
     }
 
-    /// Removes top-level entries of `/` that were not there in `before` and
-    /// are symlinks, device nodes or empty directories — what runtimes (and a
-    /// misdirected hook) leave when a rootfs `/dev` points at `/` — and lazily
-    /// unmounts new host mounts under the watched paths. Returns what it removed.
+    /// Removes new top-level entries of `/` with the names runtimes (and a
+    /// misdirected hook) create when a rootfs `/dev` points at `/` — files,
+    /// symlinks, device nodes, empty directories — and lazily unmounts new
+    /// host mounts under the watched paths. Returns what it removed.
     pub fn clean_up_after(before: &HostRootView) -> Vec<String> {
         let mut removed = Vec::new();
         let Ok(now) = HostRootView::read() else {
@@ -276,7 +284,7 @@ impl HostRootView {
             }
         }
         for (name, entry) in &now.top {
-            if before.top.contains_key(name) {
+            if before.top.contains_key(name) || !is_suspect_name(name) {
                 continue;
             }
             let path = Path::new("/").join(name);
@@ -292,6 +300,23 @@ impl HostRootView {
         }
         removed
     }
+}
+
+/// Names a runtime (its `/dev` entries) or a misdirected hook (device nodes,
+/// the vGPU files and their directories) would create in `/`.
+fn is_suspect_name(name: &str) -> bool {
+    const RUNTIME: [&str; 15] = [
+        "core", "fd", "full", "null", "ptmx", "random", "stderr", "stdin", "stdout", "tty",
+        "urandom", "zero", "pts", "shm", "mqueue",
+    ];
+    const HOOK: [&str; 5] = [
+        "ld.so.preload",
+        "libtessera_vgpu.so",
+        "vgpu.json",
+        "tessera",
+        "local",
+    ];
+    RUNTIME.contains(&name) || HOOK.contains(&name) || name.starts_with("nvidia")
 }
 
 /// A mount a misdirected hook could have made on the host: at a watched path or

@@ -3,43 +3,46 @@
 //! library needs from `config`, `accounting` and `alloc_table`, in the
 //! shape it needs it.
 
-use crate::config::{self, DeviceLimit, ResolvedLimits};
-use crate::{accounting, alloc_table};
+use tessera_model::vgpu::{DeviceLimit, LimitsSource, LogLevel, ResolvedLimits};
+
+use crate::{accounting, alloc_table, config};
 
 /// The limits of this container, resolved once.
 pub type Limits = ResolvedLimits;
 /// The container-wide usage counters.
 pub type Region = accounting::SharedRegion;
 
-/// The fewest device slots a shared region has: every process of a
-/// container must open it with the same count, whatever its own
-/// `CUDA_VISIBLE_DEVICES`, so the count comes from the limits, never from
-/// the driver.
-pub const MIN_REGION_SLOTS: usize = 16;
+/// Device slots of a shared region (every process opens it with the same
+/// count, whatever its own `CUDA_VISIBLE_DEVICES`).
+pub const REGION_SLOTS: usize = accounting::MAX_DEVICES;
 
-/// Why the configuration could not be used.
-#[derive(Debug)]
-pub enum ConfigFailure {
-    /// The authoritative file exists and is malformed (fail closed).
-    Malformed(String),
-    /// Anything else: no limits can be known (pass through).
-    Unavailable(String),
+/// Loads the limits once: `config::load()`, or — if it fails — the
+/// fail-closed limits (no GPU memory on any device) and the one-line reason
+/// to log. A broken limits file never means "no limit".
+pub fn load_config() -> (Limits, Option<String>) {
+    let (limits, error) = config::load_or_fail_closed();
+    (limits, error.map(|e| e.to_string()))
 }
 
-/// `config::load()`, its error sorted into [`ConfigFailure`].
-pub fn load_config() -> Result<Limits, ConfigFailure> {
-    config::load().map_err(|e| match e {
-        config::ConfigError::Malformed(_) => ConfigFailure::Malformed(e.to_string()),
-        other => ConfigFailure::Unavailable(other.to_string()),
-    })
+/// Whether the limits limit nothing (neither the file nor any HAMi-core
+/// name is present): every call passes through.
+pub fn limits_nothing(limits: &Limits) -> bool {
+    limits.source == LimitsSource::Unlimited
 }
 
-/// The configured log level (HAMi-core's numbering).
+/// The configured log level, in HAMi-core's numbering (1 errors … 4 debug).
 pub fn log_level(limits: &Limits) -> u8 {
-    limits.log_level
+    match limits.log_level {
+        LogLevel::Error => 1,
+        LogLevel::Warn => 2,
+        LogLevel::Info => 3,
+        LogLevel::Debug => 4,
+    }
 }
 
-/// Whether memory beyond the physical device may be served from host memory.
+/// Whether memory beyond the physical device may be served from host
+/// memory: the node oversubscribes (`memory_scaling > 1`) and the limits
+/// allow the fallback.
 pub fn oversubscribe(limits: &Limits) -> bool {
     limits.oversubscribe && limits.memory_scaling > 1.0
 }
@@ -47,52 +50,50 @@ pub fn oversubscribe(limits: &Limits) -> bool {
 /// Whether any device may have an SM limit that limits something (1..=99).
 pub fn any_sm_limit(limits: &Limits) -> bool {
     limits
-        .devices
+        .per_device
         .iter()
+        .chain(std::iter::once(&limits.unlisted))
         .any(|d| d.sm_limit_percent.is_some_and(|p| (1..100).contains(&p)))
 }
 
-/// The limit of the device at `ordinal` with `uuid`, and its slot in the
-/// shared region (its position in the limits when they name it by uuid,
-/// else the ordinal).
-pub fn limit_for(limits: &Limits, ordinal: usize, uuid: Option<&str>) -> (DeviceLimit, usize) {
-    let limit = limits.limit_for(ordinal, uuid);
-    let slot = uuid
-        .and_then(|u| {
-            limits
-                .devices
-                .iter()
-                .position(|d| d.uuid.as_deref() == Some(u))
-        })
-        .unwrap_or(ordinal);
-    (limit, slot)
+/// The limit of the device at CUDA `ordinal` with `uuid`.
+pub fn limit_for(limits: &Limits, ordinal: usize, uuid: Option<&str>) -> DeviceLimit {
+    limits.limit_for(ordinal, uuid.unwrap_or(""))
 }
 
-/// Slots of the shared region for these limits.
-pub fn region_slots(limits: &Limits) -> usize {
-    limits.devices.len().max(MIN_REGION_SLOTS)
+/// Whether the limits are the fail-closed ones (nothing can be charged, so
+/// there is no region to open).
+pub fn is_fail_closed(limits: &Limits) -> bool {
+    matches!(limits.source, LimitsSource::FailClosed { .. })
 }
 
-/// Opens the shared region, if the limits name one.
-pub fn open_region(limits: &Limits, slots: usize) -> Option<Result<Region, String>> {
-    let path = limits.accounting_path.as_ref()?;
-    Some(
-        Region::open(path, slots)
-            .map_err(|e| format!("cannot open the shared accounting region {}: {e}", path.display())),
-    )
+/// Opens the container's shared region named by the limits.
+pub fn open_region(limits: &Limits) -> Result<Region, String> {
+    Region::open(&limits.accounting_path, REGION_SLOTS).map_err(|e| e.to_string())
+}
+
+/// The region's counter for a device: by uuid (the same GPU shares one
+/// counter in every process, however `CUDA_VISIBLE_DEVICES` orders it),
+/// else by ordinal.
+pub fn region_slot(region: &Region, uuid: Option<&str>, ordinal: usize) -> usize {
+    uuid.and_then(|u| region.device_index(u).ok())
+        .unwrap_or(ordinal)
 }
 
 /// Charges `bytes` to `slot` if that keeps it within `limit`.
+#[inline]
 pub fn try_charge(region: &Region, slot: usize, bytes: u64, limit: u64) -> bool {
     region.try_charge(slot, bytes, limit)
 }
 
 /// Returns `bytes` to `slot`.
+#[inline]
 pub fn uncharge(region: &Region, slot: usize, bytes: u64) {
     region.uncharge(slot, bytes);
 }
 
 /// Bytes in use in `slot`, container-wide.
+#[inline]
 pub fn used(region: &Region, slot: usize) -> u64 {
     region.used(slot)
 }
@@ -102,14 +103,27 @@ pub fn reclaim_dead(region: &Region) -> u64 {
     region.reclaim_dead()
 }
 
-/// Pids of the processes registered in the region.
-pub fn live_pids(_region: &Region) -> Vec<u32> {
-    Vec::new()
+/// Pids of the container's processes registered in the region, read from
+/// the region file through its published layout (the region has no list
+/// call; the SM limiter needs the pids once per sampling period).
+pub fn live_pids(region: &Region) -> Vec<u32> {
+    use accounting::{MAX_PROCESSES, layout};
+    let Ok(bytes) = std::fs::read(region.path()) else {
+        return Vec::new();
+    };
+    (0..MAX_PROCESSES)
+        .filter_map(|i| {
+            let at = layout::SLOTS + i * layout::SLOT_SIZE + layout::SLOT_PID;
+            let pid = u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?);
+            (pid != 0).then_some(pid)
+        })
+        .collect()
 }
 
 /// What an allocation-table entry is (each kind is freed by its own calls,
 /// and kinds with separate handle spaces never match each other's frees).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Kind {
     /// `cuMemAlloc*`, `cuMemAllocPitch*`: device memory.
     Device,
@@ -153,28 +167,23 @@ impl Kind {
         }
     }
 
-    fn to_table(self) -> alloc_table::Kind {
-        match self {
-            Kind::Device => alloc_table::Kind::Device,
-            Kind::Managed => alloc_table::Kind::Managed,
-            Kind::HostFallback => alloc_table::Kind::HostFallback,
-            Kind::Async => alloc_table::Kind::Async,
-            Kind::Vmm => alloc_table::Kind::Vmm,
-            Kind::Array => alloc_table::Kind::Array,
-            Kind::Mipmap => alloc_table::Kind::Mipmap,
-        }
+    fn to_table(self) -> u8 {
+        self as u8
     }
 
-    fn from_table(kind: alloc_table::Kind) -> Kind {
-        match kind {
-            alloc_table::Kind::Device => Kind::Device,
-            alloc_table::Kind::Managed => Kind::Managed,
-            alloc_table::Kind::HostFallback => Kind::HostFallback,
-            alloc_table::Kind::Async => Kind::Async,
-            alloc_table::Kind::Vmm => Kind::Vmm,
-            alloc_table::Kind::Array => Kind::Array,
-            alloc_table::Kind::Mipmap => Kind::Mipmap,
-        }
+    fn from_table(kind: u8) -> Kind {
+        [
+            Kind::Device,
+            Kind::Managed,
+            Kind::HostFallback,
+            Kind::Async,
+            Kind::Vmm,
+            Kind::Array,
+            Kind::Mipmap,
+        ]
+        .get(usize::from(kind))
+        .copied()
+        .unwrap_or(Kind::Device)
     }
 }
 
@@ -199,21 +208,33 @@ pub struct Tracked {
     pub kind: Kind,
 }
 
-/// Records a charged allocation under its handle.
-pub fn track(handle: u64, tracked: Tracked) {
-    alloc_table::insert(
-        key(tracked.kind.space(), handle),
-        tracked.slot,
-        tracked.bytes,
-        tracked.kind.to_table(),
-    );
+/// Records a charged allocation under its handle; returns the record it
+/// replaces (the same handle, freed through a path the library never saw,
+/// e.g. a destroyed context): the caller gives that charge back.
+#[inline]
+pub fn track(handle: u64, tracked: Tracked) -> Option<Tracked> {
+    alloc_table::global()
+        .insert(
+            key(tracked.kind.space(), handle),
+            u32::try_from(tracked.slot).unwrap_or(u32::MAX),
+            tracked.bytes,
+            tracked.kind.to_table(),
+        )
+        .map(from_entry)
+}
+
+fn from_entry(e: alloc_table::Entry) -> Tracked {
+    Tracked {
+        slot: e.device as usize,
+        bytes: e.bytes,
+        kind: Kind::from_table(e.kind),
+    }
 }
 
 /// Takes the record of `handle` in `space` out of the table, if any.
+#[inline]
 pub fn untrack(space: Space, handle: u64) -> Option<Tracked> {
-    alloc_table::remove(key(space, handle)).map(|e| Tracked {
-        slot: e.device,
-        bytes: e.bytes,
-        kind: Kind::from_table(e.kind),
-    })
+    alloc_table::global()
+        .remove(key(space, handle))
+        .map(from_entry)
 }

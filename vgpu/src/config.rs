@@ -149,7 +149,12 @@ pub fn load_from(
 fn read_if_exists(path: &Path) -> Result<Option<String>, ConfigError> {
     let file = match std::fs::File::open(path) {
         Ok(file) => file,
-        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+            ) =>
+        {
             return Ok(None);
         }
         Err(source) => {
@@ -194,10 +199,8 @@ mod tests {
 
     impl Dir {
         fn new(name: &str) -> Dir {
-            let dir = std::env::temp_dir().join(format!(
-                "tessera-vgpu-config-{name}-{}",
-                std::process::id()
-            ));
+            let dir = std::env::temp_dir()
+                .join(format!("tessera-vgpu-config-{name}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).expect("temp dir");
             Dir(dir)
@@ -238,7 +241,10 @@ mod tests {
         ]);
         let limits = load_from(&container, env).expect("loads");
         assert_eq!(limits.source, LimitsSource::File);
-        assert_eq!(limits.limit_for(0, UUID).memory_limit_bytes, Some(1024 * MIB));
+        assert_eq!(
+            limits.limit_for(0, UUID).memory_limit_bytes,
+            Some(1024 * MIB)
+        );
     }
 
     #[test]
@@ -250,7 +256,10 @@ mod tests {
             (CONFIG_OVERRIDE_ENV, other.to_str().expect("utf-8")),
         ]);
         let limits = load_from(&dir.0.join("absent.json"), env).expect("loads");
-        assert_eq!(limits.limit_for(0, UUID).memory_limit_bytes, Some(2048 * MIB));
+        assert_eq!(
+            limits.limit_for(0, UUID).memory_limit_bytes,
+            Some(2048 * MIB)
+        );
     }
 
     #[test]
@@ -258,7 +267,10 @@ mod tests {
         let dir = Dir::new("env");
         let env = vars(&[
             ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
-            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.0.to_str().expect("utf-8")),
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                dir.0.to_str().expect("utf-8"),
+            ),
         ]);
         let limits = load_from(&dir.0.join("absent.json"), env).expect("loads");
         assert_eq!(limits.source, LimitsSource::Env);
@@ -283,7 +295,9 @@ mod tests {
         let dir = Dir::new("malformed");
         let container = dir.file(
             "vgpu.json",
-            &format!(r#"{{"version": 1, "devices": [{{"uuid": "{UUID}", "smLimitPercent": 140}}]}}"#),
+            &format!(
+                r#"{{"version": 1, "devices": [{{"uuid": "{UUID}", "smLimitPercent": 140}}]}}"#
+            ),
         );
         let err = load_from(&container, vars(&[("CUDA_DEVICE_MEMORY_LIMIT", "1g")]))
             .expect_err("refused");
@@ -329,6 +343,10 @@ mod tests {
             vars(&[("CUDA_DEVICE_MEMORY_LIMIT", "lots")]),
         )
         .expect_err("refused");
-        assert!(err.to_string().starts_with("environment: CUDA_DEVICE_MEMORY_LIMIT="), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("environment: CUDA_DEVICE_MEMORY_LIMIT="),
+            "{err}"
+        );
     }
 }

@@ -16,28 +16,34 @@
 //!   limited device. Every [`PERIOD`] it reads the SM utilization of the
 //!   container's processes on each limited device
 //!   (`nvmlDeviceGetProcessUtilization`, summed over the container's pids:
-//!   those registered in the shared region, and this process) and the
-//!   blocks this process admitted in the same window, and sets the refill
-//!   rate with [`Controller`].
-//! - **Controller.** Model-based with integral trim: utilization is taken to
-//!   be proportional to the admitted block rate, `util ≈ gain × rate`; the
-//!   gain is estimated from smoothed measurements, the rate set to
-//!   `target / gain`, and a slow multiplicative trim removes what the
-//!   proportional model gets wrong. The rate changes by at most ×4 per tick
-//!   and the trim only winds up while the bucket is what limits the
-//!   workload, so an idle or lightly loaded process does not bank a high
-//!   rate.
+//!   those registered in the shared region, read through its published
+//!   layout, and this process) and the blocks this process admitted in the
+//!   same window, and sets the refill rate with [`Controller`]. Several
+//!   processes of one container each scale their own rate by the
+//!   container's utilization, so together they converge on the target.
+//! - **Controller** ([`Controller`], [`Horizon`]). Utilization is modelled
+//!   as proportional to the admitted block rate (the factor is the device
+//!   time per block, re-estimated every period), so the rate that meets the
+//!   target is `admitted × target / util`, both measured over the last
+//!   half second ([`HORIZON`]). Measuring both over the same horizon makes the
+//!   estimate immune to NVML's sampling lag (no oscillation) and makes
+//!   bursty workloads (a few long kernels a second) measurable; the rate
+//!   moves by at most ×4 per period. Until the first measurement launches
+//!   run unthrottled, and the watcher samples every [`FIRST_PERIOD`].
 //! - **Pids.** NVML reports host pids. In a container with its own pid
 //!   namespace, the container's pids differ, and no sample matches them;
 //!   then the utilization of *all* processes on the device is used, which
 //!   over-throttles when other tenants are busy but never lets this
 //!   container exceed its share. The simulated node has one pid namespace.
-//! - **Off.** A limit of 0 or 100 limits nothing. Without NVML, or without
-//!   a limited device, [`off`] is true and `cuLaunchKernel` costs one relaxed
-//!   atomic load more than the driver.
+//! - **Off.** A limit of 0 or 100 limits nothing. Without NVML (one line
+//!   on stderr), or without a limited device, [`off`] is true for good, and
+//!   each launch wrapper is one relaxed atomic load and a tail call into
+//!   the driver.
+//! - **Fork.** The watcher does not survive `fork`; a `pthread_atfork`
+//!   handler lets the child's first launch start its own.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -48,17 +54,23 @@ use crate::runtime::{self, MAX_DEVICES};
 pub const GRAPH_LAUNCH_BLOCKS: u64 = 1024;
 /// How often the watcher samples utilization.
 pub const PERIOD: Duration = Duration::from_millis(100);
+/// How often it samples until the first measurement of every limited
+/// device (launches are unthrottled until then).
+pub const FIRST_PERIOD: Duration = Duration::from_millis(20);
 /// Seconds of refill the bucket can hold.
 pub const BURST_SECONDS: f64 = 0.02;
 /// Longest single sleep of a waiting launch (it re-reads the rate after).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
 
-const UNKNOWN: u8 = 0;
+/// The limiter has not decided yet (no launch so far).
+pub const UNKNOWN: u8 = 0;
 const OFF: u8 = 1;
 const ON: u8 = 2;
 
-/// Whether the limiter is known to be off (the launch hot path's only check).
-static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// Whether the limiter is known to be off: the launch hot path's only check.
+/// It lives in `ffi`, next to the launch wrappers that read it, so they
+/// reach it without an indirection.
+use crate::ffi::LIMITER_STATE as STATE;
 static WATCHER_STARTED: AtomicBool = AtomicBool::new(false);
 static NVML_MISSING: Once = Once::new();
 static WATCHER_FAILED: Once = Once::new();
@@ -100,6 +112,7 @@ pub struct DeviceLimiter {
 
 struct ControlState {
     controller: Controller,
+    horizon: Horizon,
     last_admitted: u64,
     last_tick: Instant,
 }
@@ -131,7 +144,10 @@ fn limiter_for(ordinal: i32) -> Option<Arc<DeviceLimiter>> {
         .get_or_init(|| {
             let device = runtime::global().device(ordinal)?;
             let target = device.sm_limit?;
-            Some(Arc::new(DeviceLimiter::new(device.uuid.clone(), f64::from(target))))
+            Some(Arc::new(DeviceLimiter::new(
+                device.uuid.clone(),
+                f64::from(target),
+            )))
         })
         .clone()
 }
@@ -172,12 +188,20 @@ fn watch(source: SourceFactory) {
         }
     };
     let rt = runtime::global();
+    let mut period = FIRST_PERIOD;
     loop {
-        std::thread::sleep(PERIOD);
+        std::thread::sleep(period);
         let limiters: Vec<Arc<DeviceLimiter>> = LIMITERS
             .iter()
             .filter_map(|l| l.get().cloned().flatten())
             .collect();
+        // Until every limited device has its first measurement, sample
+        // often: launches run unthrottled until then.
+        period = if limiters.iter().all(|l| l.rate().is_finite()) {
+            PERIOD
+        } else {
+            FIRST_PERIOD
+        };
         if limiters.is_empty() {
             continue;
         }
@@ -188,6 +212,13 @@ fn watch(source: SourceFactory) {
                 .as_deref()
                 .and_then(|uuid| source.utilization(uuid, &pids));
             limiter.tick(util, Instant::now());
+            log::log(Level::Debug, || {
+                format!(
+                    "sm limiter {}: utilization {util:?} %, pids {pids:?}, rate {:.0} blocks/s",
+                    limiter.uuid.as_deref().unwrap_or("?"),
+                    limiter.rate()
+                )
+            });
         }
     }
 }
@@ -203,6 +234,7 @@ impl DeviceLimiter {
             admitted: AtomicU64::new(0),
             controller: Mutex::new(ControlState {
                 controller: Controller::new(target),
+                horizon: Horizon::default(),
                 last_admitted: 0,
                 last_tick: now,
             }),
@@ -224,22 +256,34 @@ impl DeviceLimiter {
         self.admitted.fetch_add(blocks, Ordering::Relaxed);
     }
 
-    /// One controller step with the utilization measured since the last.
+    /// One controller step with the utilization measured since the last
+    /// step that had a measurement (`None`: no new NVML sample).
     pub fn tick(&self, util: Option<f64>, now: Instant) {
         let rate = {
-            let mut state = self.controller.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut state = self
+                .controller
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let admitted = self.admitted.load(Ordering::Relaxed);
             let dt = now.duration_since(state.last_tick).as_secs_f64();
             if dt <= 0.0 {
                 return;
             }
-            let consumed = admitted.saturating_sub(state.last_admitted) as f64 / dt;
+            let blocks = admitted.saturating_sub(state.last_admitted);
             state.last_admitted = admitted;
             state.last_tick = now;
-            match util {
-                Some(util) => state.controller.update(util, consumed),
-                None => return,
-            }
+            let Some((util, consumed)) = state.horizon.record(dt, blocks, util) else {
+                return;
+            };
+            let rate = state.controller.update(util, consumed);
+            log::log(Level::Debug, || {
+                format!(
+                    "sm limiter {}: over {:.2} s: utilization {util:.1} %, admitted {consumed:.0} blocks/s; rate {rate:.0} blocks/s",
+                    self.uuid.as_deref().unwrap_or("?"),
+                    state.horizon.span()
+                )
+            });
+            rate
         };
         self.set_rate(rate);
     }
@@ -251,7 +295,10 @@ impl DeviceLimiter {
 
     /// The refill rate in blocks per second (infinite: unthrottled).
     pub fn rate(&self) -> f64 {
-        self.bucket.lock().unwrap_or_else(PoisonError::into_inner).rate
+        self.bucket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .rate
     }
 }
 
@@ -313,26 +360,67 @@ impl Bucket {
     }
 }
 
+/// The measurements of the last [`HORIZON`] seconds.
+///
+/// NVML's per-process utilization is "since the last sample you saw": a
+/// period without a new sample is merged into the next one that has one
+/// (which covers both). Averaging over a horizon of several periods makes
+/// bursty workloads (a few long kernels per second) measurable: most
+/// periods of such a workload see no launch at all.
+#[derive(Debug, Clone, Default)]
+pub struct Horizon {
+    /// (seconds, utilization %, blocks admitted), oldest first.
+    windows: std::collections::VecDeque<(f64, f64, u64)>,
+    /// A period without a sample yet: its seconds and blocks.
+    pending: (f64, u64),
+}
+
+/// Seconds of measurements the controller averages over.
+pub const HORIZON: f64 = 0.5;
+
+impl Horizon {
+    /// Adds a period of `dt` seconds with `blocks` admitted and utilization
+    /// `util` (since the last measured period); returns the horizon's mean
+    /// utilization and admitted blocks/s, or `None` without a measurement.
+    pub fn record(&mut self, dt: f64, blocks: u64, util: Option<f64>) -> Option<(f64, f64)> {
+        self.pending.0 += dt;
+        self.pending.1 += blocks;
+        let util = util?;
+        let (dt, blocks) = std::mem::take(&mut self.pending);
+        self.windows.push_back((dt, util.max(0.0), blocks));
+        while self.windows.len() > 1 && self.span() - self.windows[0].0 >= HORIZON {
+            self.windows.pop_front();
+        }
+        let span = self.span();
+        let busy: f64 = self.windows.iter().map(|&(dt, u, _)| dt * u).sum();
+        let blocks: u64 = self.windows.iter().map(|&(.., b)| b).sum();
+        Some((busy / span, blocks as f64 / span))
+    }
+
+    /// Seconds the horizon covers.
+    pub fn span(&self) -> f64 {
+        self.windows.iter().map(|&(dt, ..)| dt).sum()
+    }
+}
+
 /// The feedback controller: from measured utilization and admitted block
-/// rate to the next refill rate.
+/// rate (both over the [`Horizon`]) to the next refill rate.
+///
+/// Utilization is modelled as proportional to the admitted block rate
+/// (`util = gain × blocks/s`; the gain is the device time a block takes,
+/// which the measurements re-estimate every period), so the rate that
+/// meets the target is `admitted × target / util`. Each estimate comes from
+/// the same horizon for both numbers, so measurement lag does not bias it
+/// and the loop does not oscillate; the rate moves by at most ×4 per
+/// period, so a noisy period cannot swing it.
 #[derive(Debug, Clone)]
 pub struct Controller {
     target: f64,
-    /// Smoothed utilization (percent).
-    util: Option<f64>,
-    /// Smoothed admitted rate (blocks/s).
-    consumed: Option<f64>,
-    /// Multiplicative correction of the proportional model.
-    trim: f64,
     /// Current refill rate (infinite: not throttling yet).
     rate: f64,
 }
 
-/// Smoothing of the measurements (weight of the newest).
-const SMOOTHING: f64 = 0.6;
-/// Integral gain of the trim, per tick, on the relative error.
-const TRIM_GAIN: f64 = 0.15;
-/// Largest change of the rate per tick.
+/// Largest change of the rate per period.
 const MAX_STEP: f64 = 4.0;
 
 impl Controller {
@@ -340,9 +428,6 @@ impl Controller {
     pub fn new(target: f64) -> Controller {
         Controller {
             target,
-            util: None,
-            consumed: None,
-            trim: 1.0,
             rate: f64::INFINITY,
         }
     }
@@ -352,32 +437,18 @@ impl Controller {
         self.rate
     }
 
-    /// One step: `util` measured and `consumed` blocks/s admitted over the
-    /// same window; returns the new rate.
+    /// One step with the mean utilization and admitted blocks/s of the
+    /// horizon; returns the new rate.
     pub fn update(&mut self, util: f64, consumed: f64) -> f64 {
-        let util = util.clamp(0.0, 100.0);
-        let smooth = |old: Option<f64>, new: f64| match old {
-            Some(old) => old + SMOOTHING * (new - old),
-            None => new,
-        };
-        let bound = self.rate.is_finite() && consumed >= 0.7 * self.rate;
-        self.util = Some(smooth(self.util, util));
-        self.consumed = Some(smooth(self.consumed, consumed));
-        let (Some(u), Some(c)) = (self.util, self.consumed) else {
-            return self.rate;
-        };
-        if u < 0.5 || c <= 0.0 {
-            // Nothing ran: nothing to learn; keep the rate.
+        if util < 0.5 || consumed <= 0.0 {
+            // Nothing ran (or nothing was seen): nothing to learn.
             return self.rate;
         }
-        let gain = u / c;
-        // The trim corrects the model only while the bucket is the limit,
-        // or the device is over target in any case.
-        let error = (self.target - util) / self.target.max(1.0);
-        if bound || util > self.target {
-            self.trim = (self.trim * (1.0 + TRIM_GAIN * error)).clamp(0.25, 4.0);
+        if !self.rate.is_finite() && util <= self.target {
+            // Within its share unthrottled: nothing to limit yet.
+            return self.rate;
         }
-        let wanted = self.target / gain * self.trim;
+        let wanted = consumed * self.target / util;
         let next = if self.rate.is_finite() {
             wanted.clamp(self.rate / MAX_STEP, self.rate * MAX_STEP)
         } else {
@@ -412,7 +483,10 @@ pub fn container_utilization(samples: &[(u32, u32)], pids: &[u32]) -> Option<f64
     } else {
         ours.iter().sum::<f64>()
     };
-    Some(total.min(100.0))
+    // Not capped at 100: processes that each report their own share can
+    // add up to more (the simulated node gives each process a device
+    // timeline of its own), and the controller needs the true sum.
+    Some(total)
 }
 
 #[cfg(test)]
@@ -420,17 +494,24 @@ mod tests {
     use super::*;
 
     /// A device whose utilization is `gain × admitted rate`, capped at 100,
-    /// measured `lag` ticks late; the workload wants `demand` blocks/s.
+    /// measured `lag` ticks late; the workload wants `demand` blocks/s, and
+    /// (like a real launch queue) its launches block once the device is
+    /// full.
     fn run(target: f64, gain: f64, demand: f64, lag: usize, ticks: usize) -> Vec<f64> {
         let mut c = Controller::new(target);
+        let mut horizon = Horizon::default();
         let mut history = vec![0.0; lag];
         let mut utils = Vec::new();
         for _ in 0..ticks {
-            let admitted = demand.min(c.rate());
+            let admitted = demand.min(c.rate()).min(100.0 / gain);
             let true_util = (gain * admitted).min(100.0);
             history.push(true_util);
             let measured = history[history.len() - 1 - lag];
-            c.update(measured, admitted);
+            if let Some((u, consumed)) =
+                horizon.record(0.1, (admitted * 0.1) as u64, Some(measured))
+            {
+                c.update(u, consumed);
+            }
             utils.push(true_util);
         }
         utils
@@ -461,6 +542,18 @@ mod tests {
         // It wants 10 %; the limit is 30 %.
         let utils = run(30.0, 0.01, 1000.0, 0, 40);
         assert!((settled(&utils) - 10.0).abs() < 0.5, "{utils:?}");
+    }
+
+    #[test]
+    fn periods_without_a_sample_are_merged_into_the_next() {
+        let mut h = Horizon::default();
+        assert_eq!(h.record(0.1, 500, None), None);
+        // The sample covers both periods: 0.2 s at 25 %, 1000 blocks.
+        assert_eq!(h.record(0.1, 500, Some(25.0)), Some((25.0, 5000.0)));
+        for _ in 0..20 {
+            h.record(0.1, 0, Some(0.0));
+        }
+        assert!((h.span() - HORIZON).abs() < 0.15, "{}", h.span());
     }
 
     #[test]

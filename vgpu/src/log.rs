@@ -3,8 +3,8 @@
 //! The library lives inside someone else's program: it must not flood that
 //! program's stderr, so every message names a [`Once`] kind and is printed
 //! the first time only, prefixed `tessera-vgpu:`. Levels follow HAMi-core's
-//! `LIBCUDA_LOG_LEVEL`: 0 silent, 1 errors, 2 warnings (the default), 3 info,
-//! 4 debug. Until the configuration is loaded, the level comes from
+//! `LIBCUDA_LOG_LEVEL`: 0 and 1 errors only (errors are always printed),
+//! 2 warnings (the default), 3 info, 4 debug. Until the configuration is loaded, the level comes from
 //! `LIBCUDA_LOG_LEVEL` in the environment.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -46,7 +46,7 @@ pub fn level() -> u8 {
                 .ok()
                 .and_then(|v| v.trim().parse::<u8>().ok())
                 .unwrap_or(DEFAULT_LEVEL)
-                .min(4);
+                .clamp(1, 4);
             // Another thread may have set the configured level meanwhile: keep it.
             let _ = LEVEL.compare_exchange(u8::MAX, level, Ordering::Relaxed, Ordering::Relaxed);
             LEVEL.load(Ordering::Relaxed)

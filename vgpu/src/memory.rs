@@ -65,7 +65,15 @@ pub fn allocate_device(
     managed: impl FnOnce() -> Result<u64, CuResult>,
 ) -> CuResult {
     let fallback = rt.oversubscribe().then_some(managed);
-    allocate_or_fall_back(rt, "cuMemAlloc", ordinal, bytes, Kind::Device, driver, fallback)
+    allocate_or_fall_back(
+        rt,
+        "cuMemAlloc",
+        ordinal,
+        bytes,
+        Kind::Device,
+        driver,
+        fallback,
+    )
 }
 
 fn allocate_or_fall_back(
@@ -95,7 +103,8 @@ fn allocate_or_fall_back(
     };
     match result {
         Ok(handle) => {
-            backend::track(
+            record(
+                rt,
                 handle,
                 Tracked {
                     slot: device.slot,
@@ -155,7 +164,8 @@ pub fn allocate_pitch(
     } else {
         rt.uncharge(device.slot, expected - actual);
     }
-    backend::track(
+    record(
+        rt,
         ptr,
         Tracked {
             slot: device.slot,
@@ -166,9 +176,22 @@ pub fn allocate_pitch(
     SUCCESS
 }
 
+/// Records a new allocation; a stale record of the same handle (freed
+/// behind the library's back) gives its charge back.
+fn record(rt: &Runtime, handle: u64, tracked: Tracked) {
+    if let Some(stale) = backend::track(handle, tracked) {
+        rt.uncharge(stale.slot, stale.bytes);
+    }
+}
+
 /// A free of `handle` in `space`: the charge is given back once the driver
 /// freed it. O(1): one table removal.
-pub fn release(rt: &Runtime, space: Space, handle: u64, driver: impl FnOnce() -> CuResult) -> CuResult {
+pub fn release(
+    rt: &Runtime,
+    space: Space,
+    handle: u64,
+    driver: impl FnOnce() -> CuResult,
+) -> CuResult {
     if !rt.enforcing() {
         return driver();
     }
@@ -179,7 +202,7 @@ pub fn release(rt: &Runtime, space: Space, handle: u64, driver: impl FnOnce() ->
             rt.uncharge(tracked.slot, tracked.bytes);
         } else {
             // Still allocated: keep counting it.
-            backend::track(handle, tracked);
+            record(rt, handle, tracked);
         }
     }
     rc
@@ -197,15 +220,21 @@ pub fn slice(rt: &Runtime, ordinal: i32) -> Option<(u64, u64)> {
 mod tests {
     use super::*;
     use crate::runtime::Mode;
-    use crate::runtime::tests::FakePlatform;
+    use crate::runtime::tests::{FakePlatform, NO_REGION, limits_by_uuid};
     use std::cell::Cell;
 
     static ONE: FakePlatform = FakePlatform(&["GPU-0"]);
 
-    // Mode::Closed gives every device a 0-byte limit: enough to pin the
-    // order of operations without a configuration.
+    /// Device 0 with a 0-byte limit: enough to pin the order of operations.
     fn closed() -> Runtime {
-        Runtime::new(Mode::Closed, &ONE)
+        limited(0)
+    }
+
+    fn limited(bytes: u64) -> Runtime {
+        Runtime::new(
+            Mode::Enforce(limits_by_uuid(&[("GPU-0", Some(bytes), None)], NO_REGION)),
+            &ONE,
+        )
     }
 
     #[test]
@@ -223,8 +252,14 @@ mod tests {
     #[test]
     fn without_a_device_the_driver_decides() {
         let rt = closed();
-        assert_eq!(allocate(&rt, "test", None, 1 << 40, Kind::Device, || Err(201)), 201);
-        assert_eq!(allocate(&rt, "test", None, 1 << 40, Kind::Device, || Ok(7)), SUCCESS);
+        assert_eq!(
+            allocate(&rt, "test", None, 1 << 40, Kind::Device, || Err(201)),
+            201
+        );
+        assert_eq!(
+            allocate(&rt, "test", None, 1 << 40, Kind::Device, || Ok(7)),
+            SUCCESS
+        );
     }
 
     #[test]
@@ -232,7 +267,10 @@ mod tests {
         let rt = closed();
         let dev = rt.device(0).expect("device").clone();
         // Zero bytes fit a zero limit; the driver fails.
-        assert_eq!(allocate(&rt, "test", Some(0), 0, Kind::Device, || Err(1)), 1);
+        assert_eq!(
+            allocate(&rt, "test", Some(0), 0, Kind::Device, || Err(1)),
+            1
+        );
         assert_eq!(rt.used(dev.slot), 0);
     }
 
@@ -240,26 +278,112 @@ mod tests {
     fn a_failed_free_keeps_the_record() {
         let rt = closed();
         let handle = 0xdead_0000;
-        assert_eq!(allocate(&rt, "test", Some(0), 0, Kind::Array, || Ok(handle)), SUCCESS);
+        assert_eq!(
+            allocate(&rt, "test", Some(0), 0, Kind::Array, || Ok(handle)),
+            SUCCESS
+        );
         assert_eq!(release(&rt, Space::Array, handle, || 1), 1);
-        assert!(backend::untrack(Space::Array, handle).is_some(), "record put back");
-        assert!(backend::untrack(Space::Pointer, handle).is_none(), "spaces are separate");
+        assert!(
+            backend::untrack(Space::Array, handle).is_some(),
+            "record put back"
+        );
+        assert!(
+            backend::untrack(Space::Pointer, handle).is_none(),
+            "spaces are separate"
+        );
     }
 
     #[test]
     fn pitch_over_the_limit_is_refused_before_the_driver() {
         let rt = closed();
         let freed = Cell::new(None);
-        let rc = allocate_pitch(&rt, Some(0), 100, 10, || Ok((1, 512)), |p| freed.set(Some(p)));
+        let rc = allocate_pitch(
+            &rt,
+            Some(0),
+            100,
+            10,
+            || Ok((1, 512)),
+            |p| freed.set(Some(p)),
+        );
         assert_eq!(rc, OUT_OF_MEMORY);
         assert_eq!(freed.get(), None);
     }
 
     #[test]
     fn the_slice_is_the_limit_minus_the_containers_use() {
-        let rt = closed();
-        assert_eq!(slice(&rt, 0), Some((0, 0)));
+        let rt = limited(1000);
+        assert_eq!(slice(&rt, 0), Some((1000, 1000)));
+        assert_eq!(
+            allocate(&rt, "test", Some(0), 300, Kind::Managed, || Ok(0x5100)),
+            SUCCESS
+        );
+        assert_eq!(slice(&rt, 0), Some((700, 1000)));
+        assert_eq!(release(&rt, Space::Pointer, 0x5100, || SUCCESS), SUCCESS);
+        assert_eq!(slice(&rt, 0), Some((1000, 1000)));
         let pass = Runtime::new(Mode::PassThrough, &ONE);
         assert_eq!(slice(&pass, 0), None);
+    }
+
+    #[test]
+    fn pitch_is_charged_as_pitch_times_height() {
+        let rt = limited(1 << 20);
+        // 100-byte rows, the driver picks a 1024-byte pitch: 10 KiB charged.
+        let rc = allocate_pitch(&rt, Some(0), 100, 10, || Ok((0x7100, 1024)), |_| {});
+        assert_eq!(rc, SUCCESS);
+        assert_eq!(slice(&rt, 0), Some(((1 << 20) - 10240, 1 << 20)));
+        assert_eq!(release(&rt, Space::Pointer, 0x7100, || SUCCESS), SUCCESS);
+        assert_eq!(slice(&rt, 0), Some((1 << 20, 1 << 20)));
+    }
+
+    #[test]
+    fn a_pitch_that_does_not_fit_is_freed_and_refused() {
+        let rt = limited(6000);
+        let freed = Cell::new(None);
+        // 5120 expected fits; the driver's 1024-byte pitch makes 10240: no.
+        let rc = allocate_pitch(
+            &rt,
+            Some(0),
+            100,
+            10,
+            || Ok((0x7200, 1024)),
+            |p| freed.set(Some(p)),
+        );
+        assert_eq!(rc, OUT_OF_MEMORY);
+        assert_eq!(freed.get(), Some(0x7200));
+        assert_eq!(slice(&rt, 0), Some((6000, 6000)));
+    }
+
+    #[test]
+    fn without_oversubscription_a_full_device_is_out_of_memory() {
+        let rt = limited(1000);
+        let fallback = Cell::new(false);
+        let rc = allocate_device(
+            &rt,
+            Some(0),
+            100,
+            || Err(OUT_OF_MEMORY),
+            || {
+                fallback.set(true);
+                Ok(1)
+            },
+        );
+        assert_eq!(rc, OUT_OF_MEMORY);
+        assert!(!fallback.get());
+        assert_eq!(slice(&rt, 0), Some((1000, 1000)));
+    }
+
+    #[test]
+    fn with_oversubscription_a_full_device_falls_back_to_managed_memory() {
+        let mut limits = limits_by_uuid(&[("GPU-0", Some(1000), None)], NO_REGION);
+        limits.oversubscribe = true;
+        limits.memory_scaling = 2.0;
+        let rt = Runtime::new(Mode::Enforce(limits), &ONE);
+        let rc = allocate_device(&rt, Some(0), 400, || Err(OUT_OF_MEMORY), || Ok(0x9100));
+        assert_eq!(rc, SUCCESS);
+        assert_eq!(slice(&rt, 0), Some((600, 1000)), "counted to the slice");
+        assert_eq!(
+            backend::untrack(Space::Pointer, 0x9100).map(|t| t.kind),
+            Some(Kind::HostFallback)
+        );
     }
 }

@@ -116,25 +116,53 @@ pub const HOOK_COUNT: usize = Hook::ALL.len();
 /// pointers); callers built for 3020 or later get the `_v2` entry point.
 const V2_AT_3020: &[(&[u8], Hook, Hook)] = &[
     (b"cuMemAlloc", Hook::MemAlloc, Hook::MemAllocV2),
-    (b"cuMemAllocPitch", Hook::MemAllocPitch, Hook::MemAllocPitchV2),
+    (
+        b"cuMemAllocPitch",
+        Hook::MemAllocPitch,
+        Hook::MemAllocPitchV2,
+    ),
     (b"cuMemFree", Hook::MemFree, Hook::MemFreeV2),
     (b"cuMemGetInfo", Hook::MemGetInfo, Hook::MemGetInfoV2),
-    (b"cuDeviceTotalMem", Hook::DeviceTotalMem, Hook::DeviceTotalMemV2),
+    (
+        b"cuDeviceTotalMem",
+        Hook::DeviceTotalMem,
+        Hook::DeviceTotalMemV2,
+    ),
     (b"cuArrayCreate", Hook::ArrayCreate, Hook::ArrayCreateV2),
-    (b"cuArray3DCreate", Hook::Array3DCreate, Hook::Array3DCreateV2),
+    (
+        b"cuArray3DCreate",
+        Hook::Array3DCreate,
+        Hook::Array3DCreateV2,
+    ),
 ];
 
 /// Stream-ordered base names with a per-thread-default-stream (`_ptsz`) variant.
 const PER_THREAD_STREAM: &[(&[u8], Hook, Hook)] = &[
-    (b"cuMemAllocAsync", Hook::MemAllocAsync, Hook::MemAllocAsyncPtsz),
+    (
+        b"cuMemAllocAsync",
+        Hook::MemAllocAsync,
+        Hook::MemAllocAsyncPtsz,
+    ),
     (
         b"cuMemAllocFromPoolAsync",
         Hook::MemAllocFromPoolAsync,
         Hook::MemAllocFromPoolAsyncPtsz,
     ),
-    (b"cuMemFreeAsync", Hook::MemFreeAsync, Hook::MemFreeAsyncPtsz),
-    (b"cuLaunchKernel", Hook::LaunchKernel, Hook::LaunchKernelPtsz),
-    (b"cuLaunchKernelEx", Hook::LaunchKernelEx, Hook::LaunchKernelExPtsz),
+    (
+        b"cuMemFreeAsync",
+        Hook::MemFreeAsync,
+        Hook::MemFreeAsyncPtsz,
+    ),
+    (
+        b"cuLaunchKernel",
+        Hook::LaunchKernel,
+        Hook::LaunchKernelPtsz,
+    ),
+    (
+        b"cuLaunchKernelEx",
+        Hook::LaunchKernelEx,
+        Hook::LaunchKernelExPtsz,
+    ),
     (
         b"cuLaunchCooperativeKernel",
         Hook::LaunchCooperativeKernel,
@@ -162,7 +190,8 @@ impl Hook {
         if let Some(&(_, v1, v2)) = V2_AT_3020.iter().find(|(base, ..)| *base == symbol) {
             return Some(if cuda_version >= 3020 { v2 } else { v1 });
         }
-        if let Some(&(_, legacy, ptsz)) = PER_THREAD_STREAM.iter().find(|(base, ..)| *base == symbol)
+        if let Some(&(_, legacy, ptsz)) =
+            PER_THREAD_STREAM.iter().find(|(base, ..)| *base == symbol)
         {
             return Some(if flags & PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0 {
                 ptsz
@@ -208,40 +237,101 @@ mod tests {
 
     #[test]
     fn foreign_names_are_not_hooks() {
-        for name in [&b""[..], b"c", b"cu", b"malloc", b"cuInit", b"cuMemAlloc_v3", b"nvmlInit_v2"] {
-            assert_eq!(Hook::by_symbol(name), None, "{}", String::from_utf8_lossy(name));
+        for name in [
+            &b""[..],
+            b"c",
+            b"cu",
+            b"malloc",
+            b"cuInit",
+            b"cuMemAlloc_v3",
+            b"nvmlInit_v2",
+        ] {
+            assert_eq!(
+                Hook::by_symbol(name),
+                None,
+                "{}",
+                String::from_utf8_lossy(name)
+            );
         }
     }
 
     #[test]
     fn proc_address_picks_the_abi_version_by_cuda_version() {
-        assert_eq!(Hook::by_proc(b"cuMemAlloc", 12080, 0), Some(Hook::MemAllocV2));
-        assert_eq!(Hook::by_proc(b"cuMemAlloc", 3020, 0), Some(Hook::MemAllocV2));
+        assert_eq!(
+            Hook::by_proc(b"cuMemAlloc", 12080, 0),
+            Some(Hook::MemAllocV2)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuMemAlloc", 3020, 0),
+            Some(Hook::MemAllocV2)
+        );
         assert_eq!(Hook::by_proc(b"cuMemAlloc", 2000, 0), Some(Hook::MemAlloc));
-        assert_eq!(Hook::by_proc(b"cuMemGetInfo", 11000, 0), Some(Hook::MemGetInfoV2));
-        assert_eq!(Hook::by_proc(b"cuArray3DCreate", 12000, 0), Some(Hook::Array3DCreateV2));
-        assert_eq!(Hook::by_proc(b"cuGetProcAddress", 12000, 0), Some(Hook::GetProcAddressV2));
-        assert_eq!(Hook::by_proc(b"cuGetProcAddress", 11030, 0), Some(Hook::GetProcAddress));
-        assert_eq!(Hook::by_proc(b"cuMemCreate", 12000, 0), Some(Hook::MemCreate));
+        assert_eq!(
+            Hook::by_proc(b"cuMemGetInfo", 11000, 0),
+            Some(Hook::MemGetInfoV2)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuArray3DCreate", 12000, 0),
+            Some(Hook::Array3DCreateV2)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuGetProcAddress", 12000, 0),
+            Some(Hook::GetProcAddressV2)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuGetProcAddress", 11030, 0),
+            Some(Hook::GetProcAddress)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuMemCreate", 12000, 0),
+            Some(Hook::MemCreate)
+        );
     }
 
     #[test]
     fn proc_address_picks_the_default_stream_variant_by_flag() {
         let ptds = PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
-        assert_eq!(Hook::by_proc(b"cuLaunchKernel", 12000, 0), Some(Hook::LaunchKernel));
-        assert_eq!(Hook::by_proc(b"cuLaunchKernel", 12000, 1), Some(Hook::LaunchKernel));
-        assert_eq!(Hook::by_proc(b"cuLaunchKernel", 12000, ptds), Some(Hook::LaunchKernelPtsz));
-        assert_eq!(Hook::by_proc(b"cuGraphLaunch", 12000, ptds), Some(Hook::GraphLaunchPtsz));
-        assert_eq!(Hook::by_proc(b"cuMemFreeAsync", 12000, ptds), Some(Hook::MemFreeAsyncPtsz));
-        assert_eq!(Hook::LaunchKernel.stream_sibling(), Some(Hook::LaunchKernelPtsz));
-        assert_eq!(Hook::LaunchKernelPtsz.stream_sibling(), Some(Hook::LaunchKernel));
+        assert_eq!(
+            Hook::by_proc(b"cuLaunchKernel", 12000, 0),
+            Some(Hook::LaunchKernel)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuLaunchKernel", 12000, 1),
+            Some(Hook::LaunchKernel)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuLaunchKernel", 12000, ptds),
+            Some(Hook::LaunchKernelPtsz)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuGraphLaunch", 12000, ptds),
+            Some(Hook::GraphLaunchPtsz)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuMemFreeAsync", 12000, ptds),
+            Some(Hook::MemFreeAsyncPtsz)
+        );
+        assert_eq!(
+            Hook::LaunchKernel.stream_sibling(),
+            Some(Hook::LaunchKernelPtsz)
+        );
+        assert_eq!(
+            Hook::LaunchKernelPtsz.stream_sibling(),
+            Some(Hook::LaunchKernel)
+        );
         assert_eq!(Hook::MemAllocV2.stream_sibling(), None);
     }
 
     #[test]
     fn proc_address_answers_versioned_names_exactly_and_never_nvml() {
-        assert_eq!(Hook::by_proc(b"cuMemAlloc_v2", 12000, 0), Some(Hook::MemAllocV2));
-        assert_eq!(Hook::by_proc(b"cuLaunchKernel_ptsz", 12000, 0), Some(Hook::LaunchKernelPtsz));
+        assert_eq!(
+            Hook::by_proc(b"cuMemAlloc_v2", 12000, 0),
+            Some(Hook::MemAllocV2)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuLaunchKernel_ptsz", 12000, 0),
+            Some(Hook::LaunchKernelPtsz)
+        );
         assert_eq!(Hook::by_proc(b"nvmlDeviceGetMemoryInfo", 12000, 0), None);
         assert_eq!(Hook::by_proc(b"cuInit", 12000, 0), None);
     }

@@ -9,27 +9,28 @@
 //! (`cuDeviceGetUuid`, cached per ordinal) through
 //! `ResolvedLimits::limit_for(ordinal, uuid)`, and usage is counted in the
 //! shared region under a **slot** that is the same in every process of the
-//! container: the device's position in the limits file when the file names
-//! it by uuid, else the ordinal (HAMi's environment names limits by ordinal,
-//! and so does HAMi-core).
+//! container: the region's own index for that uuid
+//! (`SharedRegion::device_index`), or the ordinal when the driver gives no
+//! uuid.
 //!
 //! # When something is wrong
 //!
-//! - No configuration, or an unreadable one: nothing is enforced; one line
-//!   on stderr says so ([`Mode::PassThrough`]).
-//! - The authoritative file (`/usr/local/tessera/vgpu.json`) exists but is
-//!   malformed: the library fails *closed* ([`Mode::Closed`]): every device
-//!   gets a 0-byte memory limit, so allocations fail with
-//!   `CUDA_ERROR_OUT_OF_MEMORY` and one error line names the file. Passing
-//!   through would hand the whole GPU to a container that was meant to get a
-//!   slice, and the operator, not the workload, wrote the file.
+//! - No configuration at all (no file, no HAMi-core variable): nothing is
+//!   enforced ([`Mode::PassThrough`]).
+//! - A limits file that exists but cannot be read or parsed, or a HAMi-core
+//!   value that is not a limit: the library fails *closed*, as `config`
+//!   decides (`load_or_fail_closed`): every device gets a 0-byte memory
+//!   limit, so allocations fail with `CUDA_ERROR_OUT_OF_MEMORY`, and one
+//!   error line names the file and the field. Passing through would hand
+//!   the whole GPU to a container meant to get a slice; the operator, not
+//!   the workload, wrote the file, and launches and queries still work.
 //! - The shared region cannot be opened: usage is counted per process
 //!   (the limit still holds for each process, not across them); one line.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::{self, ConfigFailure, Limits, Region};
+use crate::backend::{self, Limits, Region};
 use crate::log::{self, Level, Once};
 
 /// CUDA ordinals the library tracks; a device past this is passed through.
@@ -45,12 +46,10 @@ pub trait Platform: Sync {
 /// How the library treats this process's calls.
 #[derive(Debug)]
 pub enum Mode {
-    /// Limits in force, as configured.
+    /// Limits in force: as configured, or fail-closed ones.
     Enforce(Limits),
-    /// Nothing is enforced (no configuration, or it could not be read).
+    /// Nothing is configured: every call passes through.
     PassThrough,
-    /// The authoritative file is malformed: every device has a 0-byte limit.
-    Closed,
 }
 
 /// One CUDA device as this process sees it.
@@ -100,23 +99,17 @@ pub fn loaded() -> Option<&'static Runtime> {
 }
 
 fn load_mode() -> Mode {
-    match backend::load_config() {
-        Ok(limits) => {
-            log::set_level(backend::log_level(&limits));
-            Mode::Enforce(limits)
-        }
-        Err(ConfigFailure::Malformed(reason)) => {
-            log::once(&CONFIG_FAILED, Level::Error, || {
-                format!("{reason}; failing closed: every allocation is refused")
-            });
-            Mode::Closed
-        }
-        Err(ConfigFailure::Unavailable(reason)) => {
-            log::once(&CONFIG_FAILED, Level::Warn, || {
-                format!("{reason}; no limits are enforced")
-            });
-            Mode::PassThrough
-        }
+    let (limits, error) = backend::load_config();
+    log::set_level(backend::log_level(&limits));
+    if let Some(reason) = error {
+        log::once(&CONFIG_FAILED, Level::Error, || {
+            format!("{reason}; failing closed: no GPU memory is granted")
+        });
+    }
+    if backend::limits_nothing(&limits) {
+        Mode::PassThrough
+    } else {
+        Mode::Enforce(limits)
     }
 }
 
@@ -183,7 +176,13 @@ impl Runtime {
         let index = usize::try_from(ordinal).unwrap_or(0);
         match &self.mode {
             Mode::Enforce(limits) => {
-                let (limit, slot) = backend::limit_for(limits, index, uuid.as_deref());
+                let limit = backend::limit_for(limits, index, uuid.as_deref());
+                let slot = match self.accounting() {
+                    Accounting::Shared(region) => {
+                        backend::region_slot(region, uuid.as_deref(), index)
+                    }
+                    Accounting::Local(_) => index,
+                };
                 DeviceInfo {
                     ordinal,
                     uuid,
@@ -199,35 +198,26 @@ impl Runtime {
                 memory_limit: None,
                 sm_limit: None,
             },
-            Mode::Closed => DeviceInfo {
-                ordinal,
-                uuid,
-                slot: index,
-                memory_limit: Some(0),
-                sm_limit: None,
-            },
         }
     }
 
     fn accounting(&self) -> &Accounting {
         self.accounting.get_or_init(|| {
-            let slots = match &self.mode {
-                Mode::Enforce(limits) => backend::region_slots(limits),
-                _ => backend::MIN_REGION_SLOTS,
-            };
-            let local = || Accounting::Local((0..slots).map(|_| AtomicU64::new(0)).collect());
+            let local = || Accounting::Local((0..MAX_DEVICES).map(|_| AtomicU64::new(0)).collect());
             let Mode::Enforce(limits) = &self.mode else {
                 return local();
             };
-            match backend::open_region(limits, slots) {
-                Some(Ok(region)) => Accounting::Shared(region),
-                Some(Err(reason)) => {
+            if backend::is_fail_closed(limits) {
+                return local();
+            }
+            match backend::open_region(limits) {
+                Ok(region) => Accounting::Shared(region),
+                Err(reason) => {
                     log::once(&REGION_FAILED, Level::Warn, || {
                         format!("{reason}; counting this process's memory only")
                     });
                     local()
                 }
-                None => local(),
             }
         })
     }
@@ -291,9 +281,37 @@ impl Runtime {
     }
 }
 
+/// A CUDA uuid (`CUuuid`, 16 bytes) in NVML's spelling,
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn format_uuid(bytes: &[u8; 16]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(40);
+    out.push_str("GPU-");
+    for (i, b) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use tessera_model::vgpu::DeviceLimit;
+
+    #[test]
+    fn uuids_are_spelled_as_nvml_spells_them() {
+        let bytes = [
+            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab,
+            0xcd, 0xef,
+        ];
+        assert_eq!(
+            format_uuid(&bytes),
+            "GPU-12345678-9abc-def0-0123-456789abcdef"
+        );
+    }
 
     /// A driver with fixed uuids per ordinal.
     pub struct FakePlatform(pub &'static [&'static str]);
@@ -309,6 +327,25 @@ pub(crate) mod tests {
 
     static TWO: FakePlatform = FakePlatform(&["GPU-b", "GPU-a"]);
 
+    /// Limits by uuid, with the shared region at `region` (a path whose
+    /// directory does not exist makes the runtime count per process).
+    pub fn limits_by_uuid(devices: &[(&str, Option<u64>, Option<u32>)], region: &str) -> Limits {
+        let mut limits = Limits::fail_closed("test");
+        limits.source = tessera_model::vgpu::LimitsSource::File;
+        limits.per_device = devices
+            .iter()
+            .map(|&(uuid, memory, sm)| DeviceLimit {
+                uuid: Some(uuid.to_owned()),
+                memory_limit_bytes: memory,
+                sm_limit_percent: sm,
+            })
+            .collect();
+        limits.accounting_path = region.into();
+        limits
+    }
+
+    pub const NO_REGION: &str = "/nonexistent/tessera-vgpu-test/vgpu.accounting";
+
     #[test]
     fn pass_through_limits_nothing() {
         let rt = Runtime::new(Mode::PassThrough, &TWO);
@@ -320,17 +357,44 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn closed_mode_refuses_every_byte() {
-        let rt = Runtime::new(Mode::Closed, &TWO);
+    fn fail_closed_limits_refuse_every_byte() {
+        let rt = Runtime::new(Mode::Enforce(Limits::fail_closed("broken")), &TWO);
         let dev = rt.device(1).expect("device 1").clone();
         assert_eq!(dev.memory_limit, Some(0));
         assert!(!rt.try_charge(&dev, 1, 0));
-        assert!(rt.try_charge(&dev, 0, 0));
+    }
+
+    #[test]
+    fn limits_follow_the_uuid_not_the_ordinal() {
+        // CUDA_VISIBLE_DEVICES=1,0: ordinal 0 is GPU-b.
+        let limits = limits_by_uuid(
+            &[
+                ("GPU-a", Some(1 << 30), None),
+                ("GPU-b", Some(2 << 30), Some(30)),
+            ],
+            NO_REGION,
+        );
+        let rt = Runtime::new(Mode::Enforce(limits), &TWO);
+        let first = rt.device(0).expect("device 0");
+        assert_eq!(first.uuid.as_deref(), Some("GPU-b"));
+        assert_eq!(first.memory_limit, Some(2 << 30));
+        assert_eq!(first.sm_limit, Some(30));
+        assert_eq!(rt.device(1).expect("device 1").memory_limit, Some(1 << 30));
+        assert!(rt.any_sm_limit());
+    }
+
+    #[test]
+    fn an_unlisted_device_gets_no_memory() {
+        let limits = limits_by_uuid(&[("GPU-a", Some(1 << 30), None)], NO_REGION);
+        let rt = Runtime::new(Mode::Enforce(limits), &TWO);
+        assert_eq!(rt.device(0).expect("device 0").memory_limit, Some(0));
+        assert!(!rt.any_sm_limit());
     }
 
     #[test]
     fn local_accounting_holds_the_limit_and_returns_usage() {
-        let rt = Runtime::new(Mode::Closed, &TWO);
+        let limits = limits_by_uuid(&[("GPU-b", Some(1000), None)], NO_REGION);
+        let rt = Runtime::new(Mode::Enforce(limits), &TWO);
         let dev = rt.device(0).expect("device 0").clone();
         assert!(rt.try_charge(&dev, 600, 1000));
         assert!(!rt.try_charge(&dev, 600, 1000));
@@ -338,5 +402,35 @@ pub(crate) mod tests {
         rt.uncharge(dev.slot, 600);
         rt.uncharge(dev.slot, 600);
         assert_eq!(rt.used(dev.slot), 0, "uncharging never underflows");
+    }
+
+    #[test]
+    fn two_runtimes_on_one_region_share_one_budget_by_uuid() {
+        let dir = std::env::temp_dir().join(format!("tessera-vgpu-rt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("vgpu.accounting");
+        let path = path.to_str().expect("utf-8 path");
+        static OTHER_ORDER: FakePlatform = FakePlatform(&["GPU-a", "GPU-b"]);
+        let limits = || {
+            limits_by_uuid(
+                &[("GPU-a", Some(1000), None), ("GPU-b", Some(1000), None)],
+                path,
+            )
+        };
+        let one = Runtime::new(Mode::Enforce(limits()), &TWO);
+        let two = Runtime::new(Mode::Enforce(limits()), &OTHER_ORDER);
+        let a_in_one = one.device(1).expect("GPU-a in one").clone();
+        let a_in_two = two.device(0).expect("GPU-a in two").clone();
+        assert_eq!(a_in_one.slot, a_in_two.slot, "same GPU, same counter");
+        assert!(one.try_charge(&a_in_one, 700, 1000));
+        assert_eq!(two.used(a_in_two.slot), 700);
+        assert!(
+            !two.try_charge(&a_in_two, 400, 1000),
+            "the other process's use counts"
+        );
+        one.uncharge(a_in_one.slot, 700);
+        assert!(two.try_charge(&a_in_two, 400, 1000));
+        drop((one, two));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

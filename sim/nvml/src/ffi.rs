@@ -386,6 +386,52 @@ pub struct NvmlComputeInstanceInfo {
     pub placement: NvmlPlacement,
 }
 
+/// `NVML_VALUE_NOT_AVAILABLE` as `unsigned int` (`gpuInstanceId` and
+/// `computeInstanceId` of a process not on a MIG device).
+pub const VALUE_NOT_AVAILABLE_UINT: c_uint = c_uint::MAX;
+
+/// `nvmlUtilization_t`, percent over the last sample period.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlUtilization {
+    /// `gpu`: time one or more kernels ran.
+    pub gpu: c_uint,
+    /// `memory`: time device memory was read or written.
+    pub memory: c_uint,
+}
+
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlProcessUtilizationSample {
+    /// `pid`.
+    pub pid: c_uint,
+    /// `timeStamp`: CPU timestamp in µs since the epoch.
+    pub time_stamp: c_ulonglong,
+    /// `smUtil`: percent.
+    pub sm_util: c_uint,
+    /// `memUtil`: percent.
+    pub mem_util: c_uint,
+    /// `encUtil`: percent.
+    pub enc_util: c_uint,
+    /// `decUtil`: percent.
+    pub dec_util: c_uint,
+}
+
+/// `nvmlProcessInfo_t` (the v2/v3 layout `…GetComputeRunningProcesses_v3` fills).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlProcessInfo {
+    /// `pid`.
+    pub pid: c_uint,
+    /// `usedGpuMemory`, bytes.
+    pub used_gpu_memory: c_ulonglong,
+    /// `gpuInstanceId`, or [`VALUE_NOT_AVAILABLE_UINT`].
+    pub gpu_instance_id: c_uint,
+    /// `computeInstanceId`, or [`VALUE_NOT_AVAILABLE_UINT`].
+    pub compute_instance_id: c_uint,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,6 +466,19 @@ mod tests {
         assert_eq!(size_of::<NvmlGpuInstanceInfo>(), 24);
         assert_eq!(offset_of!(NvmlGpuInstanceInfo, placement), 16);
         assert_eq!(align_of::<NvmlGpuInstanceInfo>(), 8);
+    }
+
+    #[test]
+    fn process_structs_match_the_header_layout() {
+        assert_eq!(size_of::<NvmlUtilization>(), 8);
+        assert_eq!(size_of::<NvmlProcessUtilizationSample>(), 32);
+        assert_eq!(offset_of!(NvmlProcessUtilizationSample, time_stamp), 8);
+        assert_eq!(offset_of!(NvmlProcessUtilizationSample, sm_util), 16);
+        assert_eq!(offset_of!(NvmlProcessUtilizationSample, dec_util), 28);
+        assert_eq!(size_of::<NvmlProcessInfo>(), 24);
+        assert_eq!(offset_of!(NvmlProcessInfo, used_gpu_memory), 8);
+        assert_eq!(offset_of!(NvmlProcessInfo, gpu_instance_id), 16);
+        assert_eq!(offset_of!(NvmlProcessInfo, compute_instance_id), 20);
     }
 
     #[test]

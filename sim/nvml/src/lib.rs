@@ -18,6 +18,8 @@
 //! - `node`: the init reference count and the cached, stamp-checked node state.
 //! - `handle`, `lookup`: handles are tagged integers, checked on every call.
 //! - `profiles`: what NVML reports about profiles, from the model catalogue.
+//! - `util`: GPU processes, their memory and utilization, from the files the
+//!   CUDA stand-in publishes under the node root.
 //!
 //! Every call before `nvmlInit*` (and after the matching `nvmlShutdown`)
 //! returns `NVML_ERROR_UNINITIALIZED`, except `nvmlErrorString`. `nvmlInit*`
@@ -43,6 +45,11 @@
 //! `nvmlDeviceGetDeviceHandleFromMigDeviceHandle`,
 //! `nvmlDeviceIsMigDeviceHandle`, `nvmlDeviceGetGpuInstanceId`,
 //! `nvmlDeviceGetComputeInstanceId`.
+//!
+//! Processes (from the utilization files of the CUDA stand-in,
+//! `tessera-sim-cuda`, see `util`): `nvmlDeviceGetProcessUtilization`,
+//! `nvmlDeviceGetUtilizationRates`, `nvmlDeviceGetComputeRunningProcesses_v3`;
+//! `nvmlDeviceGetMemoryInfo[_v2]` count their memory as used.
 //!
 //! MIG: `nvmlDeviceGetGpuInstanceProfileInfo`,
 //! `nvmlDeviceGetGpuInstanceProfileInfoV`,
@@ -72,6 +79,7 @@ mod node;
 mod out;
 mod profiles;
 mod root;
+mod util;
 
 pub use node::DEBUG_ENV;
 pub use root::ROOT_ENV;

@@ -103,6 +103,15 @@ pub fn read<T>(f: impl FnOnce(&NodeState) -> Res<T>) -> Res<T> {
     f(&node.state)
 }
 
+/// Runs `f` on the current node state and the node's root directory (where
+/// the CUDA stand-in publishes utilization); `UNINITIALIZED` before `nvmlInit`.
+pub fn read_with_root<T>(f: impl FnOnce(&NodeState, &std::path::Path) -> Res<T>) -> Res<T> {
+    let mut lib = library();
+    let node = lib.live()?;
+    node.refresh()?;
+    f(&node.state, node.store.root())
+}
+
 /// Runs `f` on the node state under the node's exclusive lock and writes the
 /// result back; nothing is written when `f` fails.
 pub fn update<T>(f: impl FnOnce(&mut NodeState) -> Res<T>) -> Res<T> {

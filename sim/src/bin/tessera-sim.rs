@@ -37,6 +37,9 @@ enum Command {
         /// The NVML stand-in library (default: libtessera_sim_nvml.so next to this binary).
         #[arg(long = "nvml-lib")]
         nvml_lib: Option<PathBuf>,
+        /// The CUDA driver stand-in library (default: libtessera_sim_cuda.so next to this binary).
+        #[arg(long = "cuda-lib")]
+        cuda_lib: Option<PathBuf>,
     },
     /// List the shipped profiles.
     Profiles,
@@ -76,7 +79,8 @@ fn main() -> ExitCode {
             root,
             force,
             nvml_lib,
-        } => create(&profile, root, force, nvml_lib),
+            cuda_lib,
+        } => create(&profile, root, force, nvml_lib, cuda_lib),
         Command::Profiles => Ok(report::list_profiles()),
         Command::Show { root } => show(root),
     };
@@ -98,10 +102,12 @@ fn create(
     root: PathBuf,
     force: bool,
     nvml_lib: Option<PathBuf>,
+    cuda_lib: Option<PathBuf>,
 ) -> Result<String, tessera_sim::SimError> {
     let profile = NodeProfile::load(profile)?;
     let opts = BuildOptions {
         nvml_library: nvml_lib,
+        cuda_library: cuda_lib,
         force,
         ..BuildOptions::default()
     };

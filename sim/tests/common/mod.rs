@@ -13,6 +13,22 @@ pub fn fake_nvml(dir: &Path) -> PathBuf {
     path
 }
 
+/// A stand-in "CUDA driver library" file: the builder only copies it.
+pub fn fake_cuda(dir: &Path) -> PathBuf {
+    let path = dir.join("libtessera_sim_cuda.so");
+    std::fs::write(&path, "fake CUDA stand-in for tests\n").expect("write the fake CUDA library");
+    path
+}
+
+/// Build options with fake stand-in libraries in `dir`.
+pub fn fake_libs(dir: &Path) -> BuildOptions {
+    BuildOptions {
+        nvml_library: Some(fake_nvml(dir)),
+        cuda_library: Some(fake_cuda(dir)),
+        ..BuildOptions::default()
+    }
+}
+
 /// Whether this process may make device nodes; prints why not when it may not.
 pub fn can_mknod(test: &str) -> bool {
     let dir = tempfile::tempdir().expect("make a temporary directory");
@@ -29,10 +45,7 @@ pub fn can_mknod(test: &str) -> bool {
 pub fn build(profile: &NodeProfile) -> (tempfile::TempDir, BuiltNode) {
     let tmp = tempfile::tempdir().expect("make a temporary directory");
     let root = tmp.path().join("root");
-    let opts = BuildOptions {
-        nvml_library: Some(fake_nvml(tmp.path())),
-        ..BuildOptions::default()
-    };
+    let opts = fake_libs(tmp.path());
     let built = build_node(profile, &root, &opts)
         .unwrap_or_else(|e| panic!("building profile {} failed: {e}", profile.name));
     (tmp, built)

@@ -198,8 +198,8 @@ fn total_memory(state: &NodeState, device: NvmlDevice) -> Res<u64> {
     }
 }
 
-/// `nvmlDeviceGetMemoryInfo`: all of the device's memory, none of it used
-/// (nothing runs on a simulated GPU).
+/// `nvmlDeviceGetMemoryInfo`: the device's memory; used is what the CUDA
+/// stand-in's processes on it hold (0 when none runs).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: NvmlDevice,
@@ -207,10 +207,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 ) -> NvmlReturn {
     entry(|| {
         let total = node::read(|s| total_memory(s, device))?;
+        let used = super::process::used_memory(device)?.min(total);
         let info = NvmlMemory {
             total,
-            free: total,
-            used: 0,
+            free: total - used,
+            used,
         };
         // SAFETY: NVML contract: `memory` is null or valid for one write.
         unsafe { out::write(memory, info) }
@@ -230,12 +231,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         if unsafe { out::read_version(memory) }? != MEMORY_V2 {
             return Err(ERROR_ARGUMENT_VERSION_MISMATCH);
         }
+        let used = super::process::used_memory(device)?.min(total);
         let info = NvmlMemoryV2 {
             version: MEMORY_V2,
             total,
             reserved: 0,
-            free: total,
-            used: 0,
+            free: total - used,
+            used,
         };
         // SAFETY: NVML contract: `memory` is valid for one write (non-null: read above).
         unsafe { out::write(memory, info) }

@@ -21,6 +21,7 @@ use crate::node::Res;
 
 pub mod device;
 pub mod mig;
+pub mod process;
 pub mod system;
 
 /// Runs one call's body: `Ok` is `NVML_SUCCESS`, `Err` its code, a panic

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Overhead of libtessera_vgpu.so per driver call, on the simulated node:
+# `tessera-cuda-probe bench` run natively and with the library preloaded (a
+# generous memory limit, no SM limit), side by side in one run, repeated and
+# reduced to the median (and the minimum) of the repeats. Prints a markdown
+# table with Tessera's goals and HAMi-core's published figures (measured the
+# same way, against a stand-in driver) for reference.
+#
+# TESSERA_BENCH_QUICK=1: debug build, few iterations and repeats (a smoke run
+# for CI; the goals are not checked). TESSERA_BENCH_REPEATS and
+# TESSERA_BENCH_ITERATIONS override the defaults.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [ "${TESSERA_BENCH_QUICK:-0}" = 1 ]; then
+    profile=debug
+    repeats=${TESSERA_BENCH_REPEATS:-2}
+    iterations=${TESSERA_BENCH_ITERATIONS:-2000}
+    cargo build --locked -p tessera-vgpu -p tessera-sim -p tessera-sim-cuda -p tessera-sim-nvml
+else
+    profile=release
+    repeats=${TESSERA_BENCH_REPEATS:-7}
+    iterations=${TESSERA_BENCH_ITERATIONS:-200000}
+    cargo build --release --locked -p tessera-vgpu -p tessera-sim -p tessera-sim-cuda -p tessera-sim-nvml
+fi
+bin="$PWD/target/$profile"
+lib="$bin/libtessera_vgpu.so"
+
+if [ -e /usr/local/tessera/vgpu.json ]; then
+    echo "bench-vgpu: /usr/local/tessera/vgpu.json exists and would override the benchmark's limits" >&2
+    exit 2
+fi
+
+work=$(mktemp -d /tmp/tessera-bench-vgpu.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+"$bin/tessera-sim" create --profile h100-80gb --root "$work/node" >/dev/null
+libdir="$work/node/usr/lib/x86_64-linux-gnu"
+probe() { env -u LD_PRELOAD LD_LIBRARY_PATH="$libdir" "$bin/tessera-cuda-probe" "$@"; }
+
+# The probe prints the bare uuid; limits files spell it as NVML does.
+uuid=$(probe info | sed -n 's/^device\.0\.uuid=//p' | head -n1)
+if [ -z "$uuid" ]; then
+    echo "bench-vgpu: tessera-cuda-probe info printed no device.0.uuid" >&2
+    exit 1
+fi
+mkdir -p "$work/accounting"
+cat >"$work/vgpu.json" <<EOF
+{"version": 1,
+ "devices": [{"uuid": "GPU-${uuid#GPU-}", "memoryLimitMiB": 65536}],
+ "accountingDir": "$work/accounting"}
+EOF
+
+# One run of each, alternating, so drifts of the machine hit both alike.
+for ((r = 0; r < repeats; r++)); do
+    probe bench --iterations "$iterations" >"$work/native.$r"
+    env LD_PRELOAD="$lib" TESSERA_VGPU_CONFIG="$work/vgpu.json" LD_LIBRARY_PATH="$libdir" \
+        "$bin/tessera-cuda-probe" bench --iterations "$iterations" >"$work/tessera.$r"
+done
+
+# name -> "goal|HAMi-core" for the calls the issue names; others get "-|-".
+reference() {
+    case "$1" in
+        *launch*) echo "≤ +10|+20–35" ;;
+        *alloc*1000* | *1000*alloc* | *live1000* | *1000_live*) echo "≤ +100|≈ +2600" ;;
+        *alloc*free* | *malloc*) echo "≤ +100|+600–1000" ;;
+        *get_info* | *getinfo* | *mem_info*) echo "≤ +50|≈ +1000" ;;
+        *) echo "-|-" ;;
+    esac
+}
+
+names=$(sed -n 's/^bench\.\(.*\)_ns=.*/\1/p' "$work/native.0")
+if [ -z "$names" ]; then
+    echo "bench-vgpu: tessera-cuda-probe bench printed no bench.<name>_ns= lines" >&2
+    exit 1
+fi
+
+stats() { # <file prefix> <name> -> "median min"
+    local values
+    values=$(for ((r = 0; r < repeats; r++)); do
+        sed -n "s/^bench\.$2_ns=//p" "$1.$r"
+    done | sort -g)
+    awk '{ v[NR] = $1 } END {
+        if (NR == 0) { print "nan nan"; exit }
+        m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+        printf "%.1f %.1f\n", m, v[1] }' <<<"$values"
+}
+
+echo
+echo "Per-call cost in ns, $profile build, $iterations calls x 5 rounds per run (the probe keeps"
+echo "its fastest round), $repeats runs each, alternating: median (min) over the runs."
+echo "Added = with Tessera - native, from the medians and from the minimums; the goals are"
+echo "checked on the minimums, the figure least disturbed by other load on the machine."
+echo
+echo "| API | native ns | with Tessera ns | added ns, median (min) | goal | HAMi-core (published) |"
+echo "|---|---|---|---|---|---|"
+missed=""
+for name in $names; do
+    read -r n_med n_min <<<"$(stats "$work/native" "$name")"
+    read -r t_med t_min <<<"$(stats "$work/tessera" "$name")"
+    added_med=$(awk -v a="$t_med" -v b="$n_med" 'BEGIN { printf "%+.1f", a - b }')
+    added_min=$(awk -v a="$t_min" -v b="$n_min" 'BEGIN { printf "%+.1f", a - b }')
+    IFS='|' read -r goal hami <<<"$(reference "$name")"
+    echo "| $name | $n_med ($n_min) | $t_med ($t_min) | $added_med ($added_min) | $goal | $hami |"
+    if [ "$goal" != "-" ]; then
+        limit=$(sed 's/[^0-9]//g' <<<"$goal")
+        if awk -v a="$added_min" -v l="$limit" 'BEGIN { exit !(a > l) }'; then
+            missed="$missed $name($added_min>$limit)"
+        fi
+    fi
+done
+echo
+echo "load average during the run: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
+if [ -n "$missed" ]; then
+    echo "goals missed:$missed"
+    if [ "$profile" = release ]; then
+        exit 1
+    fi
+else
+    echo "all goals met ($profile build)"
+fi

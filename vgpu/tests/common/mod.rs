@@ -1,0 +1,497 @@
+//! Shared set-up of the interception tests: the built artefacts, a simulated
+//! node, the limits file, and running `tessera-cuda-probe` (or another
+//! program) with `libtessera_vgpu.so` preloaded.
+//!
+//! The artefacts come from the same target directory and profile as the
+//! test binary: `cargo build -p tessera-vgpu -p tessera-sim -p
+//! tessera-sim-cuda -p tessera-sim-nvml` first (scripts/test.sh does).
+//! Missing ones make a test print `SKIPPED: …` and pass — except under CI
+//! (`CI` set) or with `TESSERA_REQUIRE_SIM=1` (scripts/test.sh), where they
+//! fail it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether a missing prerequisite fails the test instead of skipping it.
+pub fn under_ci() -> bool {
+    let set = |name: &str| {
+        std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0" && v != "false")
+    };
+    set("CI") || set("TESSERA_REQUIRE_SIM")
+}
+
+/// Skips the test (prints why), or fails it under CI.
+pub fn skip(reason: &str) {
+    assert!(
+        !under_ci(),
+        "{reason} (CI is set: a missing prerequisite fails the test)"
+    );
+    eprintln!("SKIPPED: {reason}");
+}
+
+/// The build outputs the tests run.
+#[derive(Clone, Debug)]
+pub struct Artefacts {
+    /// `target/<profile>`.
+    pub dir: PathBuf,
+    /// `libtessera_vgpu.so`.
+    pub lib: PathBuf,
+    /// `tessera-sim`.
+    pub sim: PathBuf,
+    /// `tessera-cuda-probe` (dlopen + cuGetProcAddress or dlsym).
+    pub probe: PathBuf,
+    /// `tessera-cuda-probe-linked` (linked against libcuda.so.1).
+    pub probe_linked: PathBuf,
+}
+
+/// The artefacts, or `None` after [`skip`] when any is missing (or when a
+/// container limits file on this machine would override the tests' own).
+pub fn artefacts() -> Option<Artefacts> {
+    let container_file = Path::new(tessera_model::vgpu::CONTAINER_CONFIG_PATH);
+    if container_file.exists() {
+        skip(&format!(
+            "{} exists on this machine and would override every test's limits",
+            container_file.display()
+        ));
+        return None;
+    }
+    // target/<profile>/deps/<test binary>
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary under target/<profile>/deps")
+        .to_path_buf();
+    let a = Artefacts {
+        lib: dir.join("libtessera_vgpu.so"),
+        sim: dir.join("tessera-sim"),
+        probe: dir.join("tessera-cuda-probe"),
+        probe_linked: dir.join("tessera-cuda-probe-linked"),
+        dir,
+    };
+    let missing: Vec<String> = [&a.lib, &a.sim, &a.probe, &a.probe_linked]
+        .into_iter()
+        .filter(|p| !p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+    if !missing.is_empty() {
+        skip(&format!(
+            "not built: {} (cargo build -p tessera-vgpu -p tessera-sim -p tessera-sim-cuda -p tessera-sim-nvml)",
+            missing.join(", ")
+        ));
+        return None;
+    }
+    Some(a)
+}
+
+/// One device's limits in a limits file.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Limit {
+    /// Index of the GPU in the node (NVML order).
+    pub gpu: usize,
+    /// MiB; 0: no memory limit.
+    pub memory_mib: u64,
+    /// Percent; 0: no SM limit.
+    pub sm_percent: u32,
+}
+
+/// A simulated node in a temporary directory, with an accounting directory.
+pub struct Node {
+    /// The artefacts.
+    pub a: Artefacts,
+    _dir: tempfile::TempDir,
+    /// Scratch directory (config files, programs).
+    pub work: PathBuf,
+    /// The node root.
+    pub root: PathBuf,
+    /// `<root>/usr/lib/x86_64-linux-gnu`, where the stand-ins are.
+    pub libdir: PathBuf,
+    /// The accounting directory named by the limits files written here.
+    pub accounting: PathBuf,
+    /// `GPU-…` uuids in the node's (NVML's and CUDA's default) order.
+    pub uuids: Vec<String>,
+    /// `MIG-…` uuids of the node's MIG devices, as `tessera-sim create` lists them.
+    pub mig_uuids: Vec<String>,
+}
+
+/// Environment names cleared from every child, so the caller's environment
+/// cannot change what a test sees.
+const CLEARED_PREFIXES: &[&str] = &[
+    "CUDA_DEVICE_",
+    "CUDA_OVERSUBSCRIBE",
+    "CUDA_VISIBLE_DEVICES",
+    "LIBCUDA_LOG_LEVEL",
+    "TESSERA_",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+];
+
+impl Node {
+    /// `tessera-sim create --profile <profile>`, then the uuids from `probe info`.
+    pub fn create(a: Artefacts, profile: &str) -> Node {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let work = dir.path().to_path_buf();
+        let root = work.join("node");
+        let out = Command::new(&a.sim)
+            .args(["create", "--profile", profile, "--root"])
+            .arg(&root)
+            .output()
+            .expect("run tessera-sim");
+        assert!(
+            out.status.success(),
+            "tessera-sim create --profile {profile} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let accounting = work.join("accounting");
+        std::fs::create_dir_all(&accounting).expect("accounting dir");
+        let mut node = Node {
+            libdir: root.join("usr/lib/x86_64-linux-gnu"),
+            a,
+            _dir: dir,
+            work,
+            root,
+            accounting,
+            uuids: Vec::new(),
+            mig_uuids: String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .filter(|w| w.starts_with("MIG-"))
+                .map(str::to_owned)
+                .collect(),
+        };
+        let info = node.probe(None).arg("info").run();
+        info.expect_success();
+        let count: usize = info.get("device_count").parse().expect("device_count");
+        node.uuids = (0..count)
+            .map(|i| format!("GPU-{}", info.get(&format!("device.{i}.uuid"))))
+            .collect();
+        node
+    }
+
+    /// Writes a limits file with these devices (and extra top-level JSON
+    /// fields, e.g. `"oversubscribe": true`) and returns its path.
+    pub fn limits(&self, name: &str, devices: &[Limit], extra: &str) -> PathBuf {
+        let devices: Vec<String> = devices
+            .iter()
+            .map(|l| {
+                format!(
+                    r#"{{"uuid": "{}", "memoryLimitMiB": {}, "smLimitPercent": {}}}"#,
+                    self.uuids[l.gpu], l.memory_mib, l.sm_percent
+                )
+            })
+            .collect();
+        let extra = if extra.is_empty() {
+            String::new()
+        } else {
+            format!(", {extra}")
+        };
+        let text = format!(
+            r#"{{"version": 1, "devices": [{}], "accountingDir": "{}"{extra}}}"#,
+            devices.join(", "),
+            self.accounting.display()
+        );
+        self.write(name, &text)
+    }
+
+    /// Writes a limits file naming devices by uuid: `(uuid, memory MiB)`.
+    pub fn limits_by_uuid(&self, name: &str, devices: &[(&str, u64)]) -> PathBuf {
+        let devices: Vec<String> = devices
+            .iter()
+            .map(|(uuid, mib)| format!(r#"{{"uuid": "{uuid}", "memoryLimitMiB": {mib}}}"#))
+            .collect();
+        let text = format!(
+            r#"{{"version": 1, "devices": [{}], "accountingDir": "{}"}}"#,
+            devices.join(", "),
+            self.accounting.display()
+        );
+        self.write(name, &text)
+    }
+
+    /// Writes a file in the scratch directory.
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.work.join(name);
+        std::fs::write(&path, text).expect("write file");
+        path
+    }
+
+    /// A command for `program` with the node's libraries on the loader
+    /// path and, with `limits`, the library preloaded and that limits file
+    /// named (`TESSERA_VGPU_CONFIG`, honoured because the container file
+    /// does not exist).
+    pub fn command(&self, program: &Path, limits: Option<&Path>) -> Probe {
+        let mut cmd = Command::new(program);
+        for (key, _) in std::env::vars_os() {
+            let key_text = key.to_string_lossy();
+            if CLEARED_PREFIXES.iter().any(|p| key_text.starts_with(p)) {
+                cmd.env_remove(&key);
+            }
+        }
+        cmd.env("LD_LIBRARY_PATH", &self.libdir);
+        if let Some(limits) = limits {
+            cmd.env("LD_PRELOAD", &self.a.lib);
+            cmd.env("TESSERA_VGPU_CONFIG", limits);
+        }
+        Probe(cmd)
+    }
+
+    /// [`Node::command`] for `tessera-cuda-probe`.
+    pub fn probe(&self, limits: Option<&Path>) -> Probe {
+        self.command(&self.a.probe, limits)
+    }
+
+    /// [`Node::command`] for `tessera-cuda-probe-linked`.
+    pub fn probe_linked(&self, limits: Option<&Path>) -> Probe {
+        self.command(&self.a.probe_linked, limits)
+    }
+
+    /// Compiles the C program `tests/c/<name>.c` into the scratch
+    /// directory as `output`, with extra compiler arguments; `None` after
+    /// [`skip`] without a C compiler.
+    pub fn compile_c(&self, name: &str, output: &str, extra: &[&str]) -> Option<PathBuf> {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+        let out = self.work.join(output);
+        let result = Command::new("cc")
+            .arg("-O1")
+            .arg("-o")
+            .arg(&out)
+            .arg(&source)
+            .args(extra)
+            .arg("-ldl")
+            .output();
+        match result {
+            Ok(o) if o.status.success() => Some(out),
+            Ok(o) => panic!(
+                "cc {} failed: {}",
+                source.display(),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => {
+                skip(&format!(
+                    "no C compiler (cc: {e}); apt-get install build-essential"
+                ));
+                None
+            }
+        }
+    }
+}
+
+/// A command about to run.
+pub struct Probe(pub Command);
+
+impl Probe {
+    /// Adds an argument.
+    pub fn arg(mut self, arg: impl AsRef<std::ffi::OsStr>) -> Probe {
+        self.0.arg(arg);
+        self
+    }
+
+    /// Adds arguments.
+    pub fn args<I, S>(mut self, args: I) -> Probe
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        self.0.args(args);
+        self
+    }
+
+    /// Sets an environment variable.
+    pub fn env(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Probe {
+        self.0.env(key, value);
+        self
+    }
+
+    /// Runs to completion.
+    pub fn run(mut self) -> Output {
+        let described = format!("{:?}", self.0);
+        let out = self
+            .0
+            .output()
+            .unwrap_or_else(|e| panic!("run {described}: {e}"));
+        Output::new(
+            described,
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Starts it and waits until it prints `state=holding` (an `alloc
+    /// --hold-secs` probe with its blocks allocated); the lines so far.
+    pub fn start_holding(mut self) -> Holding {
+        let described = format!("{:?}", self.0);
+        let mut child = self
+            .0
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {described}: {e}"));
+        let stdout = child.stdout.take().expect("stdout");
+        let mut reader = BufReader::new(stdout);
+        let mut seen = String::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(n) if n > 0 => {
+                    let line = line.trim_end();
+                    seen.push_str(line);
+                    seen.push('\n');
+                    if line == "state=holding" {
+                        break;
+                    }
+                }
+                _ => {
+                    let _ = child.kill();
+                    let out = child.wait_with_output().expect("wait");
+                    panic!(
+                        "{described} ended before holding: {}\nstdout:\n{seen}\nstderr:\n{}",
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{described}: no state=holding in 30 s"
+            );
+        }
+        Holding {
+            child,
+            reader,
+            described,
+            seen,
+        }
+    }
+}
+
+/// A probe holding its allocations.
+pub struct Holding {
+    /// The process.
+    pub child: Child,
+    /// Its stdout, kept open so it can go on printing.
+    reader: BufReader<std::process::ChildStdout>,
+    described: String,
+    /// Its stdout up to `state=holding`.
+    pub seen: String,
+}
+
+impl Holding {
+    /// The key=value lines printed before holding.
+    pub fn output(&self) -> BTreeMap<String, String> {
+        parse(&self.seen)
+    }
+
+    /// Waits for it to end.
+    pub fn wait(mut self) -> Output {
+        let _ = std::io::Read::read_to_string(&mut self.reader, &mut self.seen);
+        let status = self.child.wait().expect("wait");
+        let mut stderr = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+        }
+        Output::new(
+            std::mem::take(&mut self.described),
+            status,
+            std::mem::take(&mut self.seen),
+            stderr,
+        )
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn parse(stdout: &str) -> BTreeMap<String, String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// What a program printed.
+pub struct Output {
+    described: String,
+    /// Exit status.
+    pub status: std::process::ExitStatus,
+    /// Stdout.
+    pub stdout: String,
+    /// Stderr.
+    pub stderr: String,
+    /// Stdout's key=value lines.
+    pub kv: BTreeMap<String, String>,
+}
+
+impl Output {
+    fn new(
+        described: String,
+        status: std::process::ExitStatus,
+        stdout: String,
+        stderr: String,
+    ) -> Output {
+        Output {
+            kv: parse(&stdout),
+            described,
+            status,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Everything, for assertion messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}\nexit: {}\nstdout:\n{}stderr:\n{}",
+            self.described, self.status, self.stdout, self.stderr
+        )
+    }
+
+    /// The value of `key`; fails the test, showing the output, without it.
+    pub fn get(&self, key: &str) -> &str {
+        self.kv
+            .get(key)
+            .unwrap_or_else(|| panic!("no {key}= line in the output of {}", self.describe()))
+    }
+
+    /// The value of `key` as a number.
+    pub fn num(&self, key: &str) -> u64 {
+        self.get(key)
+            .parse()
+            .unwrap_or_else(|_| panic!("{key} is not a number in {}", self.describe()))
+    }
+
+    /// The value of `key` as a float.
+    pub fn float(&self, key: &str) -> f64 {
+        self.get(key)
+            .parse()
+            .unwrap_or_else(|_| panic!("{key} is not a number in {}", self.describe()))
+    }
+
+    /// Fails the test unless the program succeeded.
+    pub fn expect_success(&self) {
+        assert!(
+            self.status.success(),
+            "expected success: {}",
+            self.describe()
+        );
+    }
+
+    /// Lines the library printed on stderr.
+    pub fn library_lines(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| l.starts_with("tessera-vgpu:"))
+            .collect()
+    }
+}
+
+/// MiB.
+pub const MIB: u64 = 1 << 20;
