@@ -15,8 +15,9 @@ tessera_fix_hybrid_cgroups
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 step "build"
-cargo build --release --locked -p tessera-cdi -p tessera-sim -p tessera-sim-nvml -p tessera-sim-cuda -p tessera-hook
+cargo build --release --locked -p tessera-cdi -p tessera-sim -p tessera-sim-nvml -p tessera-sim-cuda -p tessera-vgpu
 bin="$tessera_root/target/release"
+hook=$(bash scripts/build-hook.sh release)   # statically linked, as installed
 
 work=${TESSERA_DEMO_DIR:-/tmp/tessera-demo}
 node="$work/node"
@@ -36,7 +37,7 @@ if [ -e "$spec" ]; then
     cp "$spec" "$work/previous-tessera.io-gpu.json"
     echo "(an existing $spec was saved to $work/previous-tessera.io-gpu.json)"
 fi
-"$bin/tessera-cdi" generate --driver-root "$node" --hook-path "$bin/tessera-hook" --output "$spec"
+"$bin/tessera-cdi" generate --driver-root "$node" --hook-path "$hook" --output "$spec"
 "$bin/tessera-cdi" validate "$spec"
 jq -r '.devices[].name' "$spec" | sed 's/^/  tessera.io\/gpu=/'
 
@@ -67,6 +68,28 @@ in_container --device "tessera.io/gpu=$mig_device" -- "$show_nodes"
 
 step "podman run without a GPU"
 in_container -- "ls /dev/nvidia* 2>/dev/null || echo 'no NVIDIA device nodes'"
+
+step "a vGPU slice: 4096 MiB of the H100 for a CUDA program, enforced by libtessera_vgpu.so"
+# tessera-cuda-probe reaches libcuda.so.1 as the CUDA runtime does (dlopen +
+# cuGetProcAddress); the node's lib dir gives it the simulated driver. The
+# limits file is what the device plugin will mount at /usr/local/tessera/vgpu.json;
+# on this host (no such file) TESSERA_VGPU_CONFIG names it instead.
+gpu0_uuid=$(jq -r '.gpus[0].uuid' "$node/run/tessera-sim/state.json")
+mkdir -p "$work/accounting"
+printf '{"version": 1, "devices": [{"uuid": "%s", "memoryLimitMiB": 4096}], "accountingDir": "%s"}\n' \
+    "$gpu0_uuid" "$work/accounting" >"$work/vgpu.json"
+cat "$work/vgpu.json"
+sliced() {
+    env LD_LIBRARY_PATH="$node/usr/lib/x86_64-linux-gnu" CUDA_VISIBLE_DEVICES=0 \
+        LD_PRELOAD="$bin/libtessera_vgpu.so" TESSERA_VGPU_CONFIG="$work/vgpu.json" \
+        "$bin/tessera-cuda-probe" "$@"
+}
+echo "-- cuMemGetInfo inside the slice:"
+sliced info | grep -E 'device.0.(name|mem_total_bytes|mem_free_bytes)'
+echo "-- allocate 3 GiB (fits):"
+sliced alloc --api mem_alloc --mib 3072 | grep -E '^result='
+echo "-- allocate 5 GiB (over the slice; the driver is never asked):"
+sliced alloc --api mem_alloc --mib 5120 | grep -E '^result=' || true
 
 step "done"
 echo "The spec stays at $spec; the simulated node at $node."

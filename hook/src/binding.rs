@@ -5,7 +5,7 @@
 //! ```text
 //! <state_dir>/alloc/                     0755 root (created if missing)
 //! <state_dir>/alloc/<id>/                0700 root
-//! <state_dir>/alloc/<id>/binding.json    0644 root, written atomically (temp + fsync + rename + fsync dir)
+//! <state_dir>/alloc/<id>/binding.json    0644 root, written atomically (temp + rename; no fsync, see `write_atomic`)
 //! <state_dir>/alloc/<id>/accounting/     0770 <container uid>:<container gid> (host ids)
 //! ```
 //!
@@ -252,7 +252,6 @@ impl AllocDirs {
             Err(e) => crate::warn!("{}: unreadable ({e}); removing it", path.display()),
         }
         rustix::fs::unlinkat(&dir, BINDING_FILE, AtFlags::empty()).map_err(|e| io(e.into()))?;
-        rustix::fs::fsync(&dir).map_err(|e| io(e.into()))?;
         Ok(true)
     }
 }
@@ -271,8 +270,13 @@ fn read_file_at(dir: &OwnedFd, name: &str) -> io::Result<Option<Vec<u8>>> {
     }
 }
 
-/// Writes `name` in `dir` atomically: a temporary file (`O_EXCL`, 0644),
-/// fsync, rename over `name`, fsync of the directory.
+/// Writes `name` in `dir` atomically: a temporary file (`O_EXCL`, 0644)
+/// renamed over `name`, so a reader sees the old record or the new one.
+///
+/// No fsync: a binding record describes a running container, and no container
+/// survives the crash or power loss that fsync would guard against, so a lost
+/// record after a reboot is exactly right; skipping it keeps milliseconds of
+/// disk latency off every GPU container's start.
 pub fn write_atomic(dir: &OwnedFd, name: &str, content: &[u8]) -> io::Result<()> {
     let tmp = format!(".{name}.{}.tmp", std::process::id());
     let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
@@ -285,9 +289,7 @@ pub fn write_atomic(dir: &OwnedFd, name: &str, content: &[u8]) -> io::Result<()>
     let result = (|| -> io::Result<()> {
         let mut file = std::fs::File::from(fd);
         std::io::Write::write_all(&mut file, content)?;
-        file.sync_all()?;
         rustix::fs::renameat(dir, tmp.as_str(), dir, name)?;
-        rustix::fs::fsync(dir)?;
         Ok(())
     })();
     if result.is_err() {

@@ -34,7 +34,7 @@ fn setup() -> Option<Setup> {
         .args(["generate", "--driver-root"])
         .arg(&root)
         .arg("--hook-path")
-        .arg(artefact("tessera-hook"))
+        .arg(tessera_e2e::hookenv::hook_binary())
         .arg("--output")
         .arg(slot.path()))
     .expect("tessera-cdi generate");
