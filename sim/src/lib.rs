@@ -18,6 +18,7 @@ mod catalogue;
 pub mod devnode;
 pub mod error;
 pub mod ids;
+pub mod libroot;
 pub mod mig;
 pub mod profile;
 pub mod report;

@@ -107,7 +107,7 @@ pub fn load() -> Result<Config, String> {
             // Installed under a directory that holds no node: no node.
             Err(_) => (None, None),
         },
-        RootSource::None => (None, None),
+        RootSource::Unknown { .. } => (None, None),
     };
     let gpus = match &state {
         Some(state) => node_gpus(state)?,
@@ -144,7 +144,7 @@ pub fn driver_version() -> i32 {
     *VERSION.get_or_init(|| {
         let root = match root::discover() {
             RootSource::Env(root) | RootSource::LibraryPath(root) => root,
-            RootSource::None => return DEFAULT_DRIVER_VERSION,
+            RootSource::Unknown { .. } => return DEFAULT_DRIVER_VERSION,
         };
         read_state(&root).map_or(DEFAULT_DRIVER_VERSION, |s| s.cuda_driver_version)
     })

@@ -1,164 +1,26 @@
-//! Which simulated node this library serves.
-//!
-//! 1. `TESSERA_SIM_ROOT`, when set and not empty, names the node root.
-//! 2. Otherwise the root follows from where the library itself was loaded
-//!    from (`dladdr` on a function of ours): the node builder installs it as
-//!    `<root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1`, so a program that
-//!    loads the library from a simulated root sees that root exactly as a
-//!    program on a real host sees `/`. The library directories recognised are
-//!    [`LIBRARY_DIRS`]; the file name does not matter. The path is tried as
-//!    the loader reports it and, failing that, with symlinks resolved.
-//!
-//! The state file itself is found by `tessera_sim::state::StateStore::open`.
+//! Which simulated node this library serves: `tessera_sim::libroot`'s rule
+//! (`TESSERA_SIM_ROOT`, else the directory this library was installed in).
+//! A stand-in NVML that cannot tell its node does not load, as NVML without a
+//! driver does not. The state file itself is found by
+//! `tessera_sim::state::StateStore::open`.
 
-use std::ffi::{CStr, OsStr, c_void};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// Environment variable naming the node root explicitly.
-pub const ROOT_ENV: &str = "TESSERA_SIM_ROOT";
-
-/// Library directories, relative to a root, that the library may be
-/// installed in; longest first, so `<root>/usr/lib/x86_64-linux-gnu` is not
-/// read as `<root>/usr` + `lib/x86_64-linux-gnu`.
-pub const LIBRARY_DIRS: &[&str] = &[
-    "usr/lib/x86_64-linux-gnu",
-    "lib/x86_64-linux-gnu",
-    "usr/lib64",
-    "usr/lib",
-    "lib64",
-    "lib",
-];
+pub use tessera_sim::libroot::ROOT_ENV;
+use tessera_sim::libroot::{self, LIBRARY_DIRS, RootSource};
 
 /// The node root, or a one-line reason why none can be told.
 pub fn discover() -> Result<PathBuf, String> {
-    if let Some(root) = std::env::var_os(ROOT_ENV).filter(|v| !v.is_empty()) {
-        return Ok(absolute(PathBuf::from(root)));
-    }
-    let Some(lib) = own_library_path() else {
-        return Err(format!(
+    match libroot::discover() {
+        RootSource::Env(root) | RootSource::LibraryPath(root) => Ok(root),
+        RootSource::Unknown { library: None } => Err(format!(
             "{ROOT_ENV} is not set and the library cannot tell its own path"
-        ));
-    };
-    let lib = absolute(lib);
-    if let Some(root) = root_of_library(&lib) {
-        return Ok(root);
-    }
-    if let Some(root) = std::fs::canonicalize(&lib)
-        .ok()
-        .and_then(|real| root_of_library(&real))
-    {
-        return Ok(root);
-    }
-    Err(format!(
-        "{ROOT_ENV} is not set and the library at {} is not installed under \
-         <root>/usr/lib/x86_64-linux-gnu/ (or usr/lib64, usr/lib); set {ROOT_ENV}",
-        lib.display()
-    ))
-}
-
-/// The root a library at `lib` belongs to: `lib`'s directory with one of
-/// [`LIBRARY_DIRS`] taken off its end.
-pub fn root_of_library(lib: &Path) -> Option<PathBuf> {
-    let dir = lib.parent()?;
-    LIBRARY_DIRS.iter().find_map(|suffix| {
-        let mut root = dir.to_path_buf();
-        for component in Path::new(suffix).components().rev() {
-            if root.file_name()? != component.as_os_str() {
-                return None;
-            }
-            root.pop();
-        }
-        Some(if root.as_os_str().is_empty() {
-            PathBuf::from("/")
-        } else {
-            root
-        })
-    })
-}
-
-fn absolute(path: PathBuf) -> PathBuf {
-    if path.is_absolute() {
-        return path;
-    }
-    match std::env::current_dir() {
-        Ok(cwd) => cwd.join(path),
-        Err(_) => path,
-    }
-}
-
-/// A function whose address lies inside this shared object; private, so no
-/// symbol of the same name elsewhere can stand in for it.
-#[inline(never)]
-fn anchor() {}
-
-/// The path the dynamic loader loaded this library from.
-fn own_library_path() -> Option<PathBuf> {
-    let mut info = libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    };
-    let address = anchor as fn() as *const c_void;
-    // SAFETY: dladdr only looks the address up in the loader's tables and
-    // fills `info`, a valid, exclusively borrowed Dl_info.
-    let found = unsafe { libc::dladdr(address, &mut info) };
-    if found == 0 || info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: dli_fname is non-null and points to the loader's NUL-terminated
-    // copy of the object's path, which lives as long as the object is loaded;
-    // the object is this library, which is running this code. It is copied
-    // out at once.
-    let name = unsafe { CStr::from_ptr(info.dli_fname) };
-    let name = OsStr::from_bytes(name.to_bytes());
-    (!name.is_empty()).then(|| PathBuf::from(name))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn root(lib: &str) -> Option<PathBuf> {
-        root_of_library(Path::new(lib))
-    }
-
-    #[test]
-    fn debian_multiarch_path_gives_the_prefix() {
-        assert_eq!(
-            root("/tmp/node/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
-            Some(PathBuf::from("/tmp/node"))
-        );
-    }
-
-    #[test]
-    fn other_library_dirs_give_the_prefix() {
-        assert_eq!(
-            root("/n/usr/lib64/libnvidia-ml.so.1"),
-            Some(PathBuf::from("/n"))
-        );
-        assert_eq!(
-            root("/n/usr/lib/libnvidia-ml.so.1"),
-            Some(PathBuf::from("/n"))
-        );
-        assert_eq!(
-            root("/n/lib64/libnvidia-ml.so.1"),
-            Some(PathBuf::from("/n"))
-        );
-    }
-
-    #[test]
-    fn a_real_hosts_library_dir_gives_slash() {
-        assert_eq!(
-            root("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
-            Some(PathBuf::from("/"))
-        );
-    }
-
-    #[test]
-    fn a_build_dir_is_no_root() {
-        assert_eq!(root("/work/main/target/debug/libtessera_sim_nvml.so"), None);
-        assert_eq!(root("libnvidia-ml.so.1"), None);
+        )),
+        RootSource::Unknown { library: Some(lib) } => Err(format!(
+            "{ROOT_ENV} is not set and the library at {} is not installed under \
+             <root>/{}; set {ROOT_ENV}",
+            lib.display(),
+            LIBRARY_DIRS.join(" or <root>/")
+        )),
     }
 }
