@@ -111,10 +111,11 @@ done
 echo
 echo "load average during the run: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
 if [ -n "$missed" ]; then
-    echo "goals missed:$missed"
     if [ "$profile" = release ]; then
+        echo "goals missed:$missed"
         exit 1
     fi
+    echo "($profile build smoke run; the goals are judged on the release build:$missed)"
 else
     echo "all goals met ($profile build)"
 fi
