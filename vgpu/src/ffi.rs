@@ -1304,6 +1304,15 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: Handle) -> CUresult {
 // ---------------------------------------------------------------------------
 // Memory: what the program is told
 
+/// The current device's slice as (free, total) when a limit applies to it.
+fn current_slice() -> Option<(u64, u64)> {
+    let rt = runtime::global();
+    if !rt.enforcing() {
+        return None;
+    }
+    current_device().and_then(|o| memory::slice(rt, o))
+}
+
 /// `cuMemGetInfo_v2`: the slice (total = limit, free = limit − the
 /// container's use) on a limited device; the driver's answer elsewhere.
 ///
@@ -1322,13 +1331,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     protect(
         Hook::MemGetInfoV2,
         |driver| {
-            let rt = runtime::global();
-            let slice = if rt.enforcing() {
-                current_device().and_then(|o| memory::slice(rt, o))
-            } else {
-                None
-            };
-            match slice {
+            match current_slice() {
                 Some((f, t)) => {
                     // SAFETY: both out-pointers are non-null (checked above).
                     unsafe {
@@ -1361,13 +1364,7 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
     protect(
         Hook::MemGetInfo,
         |driver| {
-            let rt = runtime::global();
-            let slice = if rt.enforcing() {
-                current_device().and_then(|o| memory::slice(rt, o))
-            } else {
-                None
-            };
-            match slice {
+            match current_slice() {
                 Some((f, t)) => {
                     // SAFETY: both out-pointers are non-null (checked above).
                     unsafe {
