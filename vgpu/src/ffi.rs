@@ -1304,6 +1304,37 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: Handle) -> CUresult {
 // ---------------------------------------------------------------------------
 // Memory: what the program is told
 
+/// `cuMemGetInfo` in both ABIs: the slice written as `T` (saturating at
+/// `max`) on a limited device, the driver's answer elsewhere or when an
+/// out-pointer is null.
+fn mem_info<T: TryFrom<u64> + Copy>(
+    hook: Hook,
+    free: *mut T,
+    total: *mut T,
+    max: T,
+    call: impl Fn() -> CUresult,
+) -> CUresult {
+    if free.is_null() || total.is_null() {
+        return call();
+    }
+    protect(
+        hook,
+        |driver| match current_slice() {
+            Some((f, t)) => {
+                // SAFETY: both out-pointers are non-null (checked above) and
+                // the caller's contract makes them valid for one write.
+                unsafe {
+                    free.write_unaligned(T::try_from(f).unwrap_or(max));
+                    total.write_unaligned(T::try_from(t).unwrap_or(max));
+                }
+                SUCCESS
+            }
+            None => driver.call(&call),
+        },
+        &call,
+    )
+}
+
 /// The current device's slice as (free, total) when a limit applies to it.
 fn current_slice() -> Option<(u64, u64)> {
     let rt = runtime::global();
@@ -1324,27 +1355,9 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         return missing(Hook::MemGetInfoV2);
     };
     // SAFETY: the caller's arguments, unchanged.
-    let call = || unsafe { real(free, total) };
-    if free.is_null() || total.is_null() {
-        return call();
-    }
-    protect(
-        Hook::MemGetInfoV2,
-        |driver| {
-            match current_slice() {
-                Some((f, t)) => {
-                    // SAFETY: both out-pointers are non-null (checked above).
-                    unsafe {
-                        free.write_unaligned(usize::try_from(f).unwrap_or(usize::MAX));
-                        total.write_unaligned(usize::try_from(t).unwrap_or(usize::MAX));
-                    }
-                    SUCCESS
-                }
-                None => driver.call(call),
-            }
-        },
-        call,
-    )
+    mem_info(Hook::MemGetInfoV2, free, total, usize::MAX, || unsafe {
+        real(free, total)
+    })
 }
 
 /// `cuMemGetInfo` (CUDA < 3.2 ABI, 32-bit; sizes saturate).
@@ -1357,27 +1370,9 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
         return missing(Hook::MemGetInfo);
     };
     // SAFETY: the caller's arguments, unchanged.
-    let call = || unsafe { real(free, total) };
-    if free.is_null() || total.is_null() {
-        return call();
-    }
-    protect(
-        Hook::MemGetInfo,
-        |driver| {
-            match current_slice() {
-                Some((f, t)) => {
-                    // SAFETY: both out-pointers are non-null (checked above).
-                    unsafe {
-                        free.write_unaligned(c_uint::try_from(f).unwrap_or(c_uint::MAX));
-                        total.write_unaligned(c_uint::try_from(t).unwrap_or(c_uint::MAX));
-                    }
-                    SUCCESS
-                }
-                None => driver.call(call),
-            }
-        },
-        call,
-    )
+    mem_info(Hook::MemGetInfo, free, total, c_uint::MAX, || unsafe {
+        real(free, total)
+    })
 }
 
 /// `cuDeviceTotalMem_v2`: the limit on a limited device.
