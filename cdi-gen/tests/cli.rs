@@ -11,15 +11,22 @@ use std::path::Path;
 
 use support::{create_node, stderr_of, tessera_cdi};
 
-/// Runs `generate` against `root` into `out` and returns the single error line.
-fn generate_fails(root: &Path, out: &Path) -> String {
-    let result = tessera_cdi([
+/// Runs `generate` against `root` into `out`, with extra arguments.
+fn generate(root: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
         "generate".as_ref(),
         "--driver-root".as_ref(),
         root.as_os_str(),
         "--output".as_ref(),
         out.as_os_str(),
-    ]);
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    tessera_cdi(args)
+}
+
+/// Runs `generate` against `root` into `out` and returns the single error line.
+fn generate_fails(root: &Path, out: &Path) -> String {
+    let result = generate(root, out, &[]);
     let stderr = stderr_of(&result);
     assert_eq!(result.status.code(), Some(1), "stderr: {stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
@@ -114,13 +121,7 @@ fn unknown_gpu_model_in_the_node_fails_at_nvml_init() {
         .unwrap()
         .replacen("\"H100-80GB\"", "\"H300-1TB\"", 1);
     fs::write(&path, state).unwrap();
-    let result = tessera_cdi([
-        "generate".as_ref(),
-        "--driver-root".as_ref(),
-        root.as_os_str(),
-        "--output".as_ref(),
-        out.as_os_str(),
-    ]);
+    let result = generate(&root, &out, &[]);
     let stderr = stderr_of(&result);
     assert_eq!(result.status.code(), Some(1), "{stderr}");
     // The simulated driver says why it did not load (as a real driver logs to
@@ -144,15 +145,7 @@ fn unknown_gpu_model_in_the_node_fails_at_nvml_init() {
 #[test]
 fn relative_hook_path_is_refused() {
     let (_dir, root, out) = node_with_previous_spec("demo");
-    let result = tessera_cdi([
-        "generate".as_ref(),
-        "--driver-root".as_ref(),
-        root.as_os_str(),
-        "--output".as_ref(),
-        out.as_os_str(),
-        "--hook-path".as_ref(),
-        "tessera-hook".as_ref(),
-    ]);
+    let result = generate(&root, &out, &["--hook-path", "tessera-hook"]);
     let stderr = stderr_of(&result);
     assert_eq!(result.status.code(), Some(1));
     assert!(
@@ -182,13 +175,7 @@ fn list_shows_every_device_of_the_node() {
 #[test]
 fn validate_accepts_a_generated_spec_and_reports_every_problem_of_a_bad_one() {
     let (dir, root, out) = node_with_previous_spec("demo");
-    let ok = tessera_cdi([
-        "generate".as_ref(),
-        "--driver-root".as_ref(),
-        root.as_os_str(),
-        "--output".as_ref(),
-        out.as_os_str(),
-    ]);
+    let ok = generate(&root, &out, &[]);
     assert!(ok.status.success(), "{}", stderr_of(&ok));
     let valid = tessera_cdi(["validate".as_ref(), out.as_os_str()]);
     assert!(valid.status.success(), "{}", stderr_of(&valid));
