@@ -50,6 +50,17 @@ impl Tree {
     }
 }
 
+/// The rootfs writer sets the process umask around each creation, as the
+/// single-threaded hook may; the test harness runs tests on threads, so these
+/// tests take turns to keep one test's umask out of another's creations.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn node(path: &str, minor: u32) -> NodePlan {
     NodePlan {
         path: ContainerPath::parse(path).expect("path"),
@@ -65,6 +76,7 @@ fn node(path: &str, minor: u32) -> NodePlan {
 
 #[test]
 fn nodes_are_created_in_the_root_with_missing_parents_and_idempotently() {
+    let _turn = one_at_a_time();
     if common::skip_unless_root(
         "nodes_are_created_in_the_root_with_missing_parents_and_idempotently",
     ) {
@@ -116,6 +128,7 @@ fn nodes_are_created_in_the_root_with_missing_parents_and_idempotently() {
 
 #[test]
 fn undo_removes_what_the_run_created() {
+    let _turn = one_at_a_time();
     if common::skip_unless_root("undo_removes_what_the_run_created") {
         return;
     }
@@ -136,6 +149,7 @@ fn undo_removes_what_the_run_created() {
 
 #[test]
 fn absolute_symlinks_in_the_image_stay_inside() {
+    let _turn = one_at_a_time();
     if common::skip_unless_root("absolute_symlinks_in_the_image_stay_inside") {
         return;
     }
@@ -158,6 +172,7 @@ fn absolute_symlinks_in_the_image_stay_inside() {
 
 #[test]
 fn dotdot_symlinks_in_the_image_stay_inside() {
+    let _turn = one_at_a_time();
     if common::skip_unless_root("dotdot_symlinks_in_the_image_stay_inside") {
         return;
     }
@@ -181,6 +196,7 @@ fn dotdot_symlinks_in_the_image_stay_inside() {
 
 #[test]
 fn mount_targets_are_never_created_through_symlinks() {
+    let _turn = one_at_a_time();
     if common::skip_unless_root("mount_targets_are_never_created_through_symlinks") {
         return;
     }
@@ -204,6 +220,7 @@ fn mount_targets_are_never_created_through_symlinks() {
 
 #[test]
 fn a_symlink_inside_the_root_is_followed_inside() {
+    let _turn = one_at_a_time();
     if common::skip_unless_root("a_symlink_inside_the_root_is_followed_inside") {
         return;
     }
