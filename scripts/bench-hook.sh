@@ -19,6 +19,9 @@
 #        - with GPU: the hook injects the allocation (legacy mode)  goal <= 1.10x baseline
 #
 # TESSERA_BENCH_QUICK=1 uses the debug build and few runs (a smoke test for CI).
+# TESSERA_BENCH_BASELINE_HOOK=FILE adds the binding rows of another hook build
+# (e.g. the last release) to the same hyperfine runs, for a side-by-side
+# comparison of a change.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -49,7 +52,7 @@ busybox=$(command -v busybox)
 work=$(mktemp -d /tmp/tessera-bench-hook.XXXXXX)
 sleeper=
 cleanup() {
-    for id in tb-nogpu tb-nogpu-hook tb-cdi tb-gpu; do runc delete -f "$id-$$" >/dev/null 2>&1 || true; done
+    for id in tb-nogpu tb-nogpu-hook tb-cdi tb-gpu tb-base; do runc delete -f "$id-$$" >/dev/null 2>&1 || true; done
     [ -n "$sleeper" ] && kill "$sleeper" 2>/dev/null || true
     rm -rf "$work"
 }
@@ -72,13 +75,17 @@ jq --arg id "$alloc" --arg files "$work/files" --arg hook "$hook" '
   def ro($src; $dst): {hostPath: $src, containerPath: $dst, options: ["ro","nosuid","nodev","bind","rprivate"]};
   { cdiVersion: .cdiVersion, kind: "tessera.io/alloc",
     devices: [{ name: $id, containerEdits: {
+      env: ["TESSERA_ALLOC_ID=" + $id],
       deviceNodes: (.containerEdits.deviceNodes + ([.devices[] | select(.name | test(":"))][0].containerEdits.deviceNodes)),
       mounts: [ro($files + "/libtessera_vgpu.so"; "/usr/local/tessera/libtessera_vgpu.so"),
                ro($files + "/ld.so.preload"; "/etc/ld.so.preload"),
                ro($files + "/vgpu.json"; "/usr/local/tessera/vgpu.json")],
-      hooks: [{hookName: "createContainer", path: $hook, args: ["tessera-hook","prestart"], env: ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}]
+      hooks: [{hookName: "createContainer", path: $hook, args: ["tessera-hook","prestart"], env: ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]},
+              {hookName: "poststop", path: $hook, args: ["tessera-hook","poststop"], env: ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}]
     }}]}' "$work/cdi/tessera.io-gpu.json" >"$work/cdi/tessera.io-alloc_$alloc.json"
 chmod 0644 "$work/cdi/"*.json
+# The transient spec is complete by the contract (TESSERA_ALLOC_ID, both hooks).
+"$bin/tessera-cdi" validate "$work/cdi/tessera.io-alloc_$alloc.json" >/dev/null
 printf 'cdi_dir = "%s"\nstate_dir = "%s"\n' "$work/cdi" "$state_dir" >"$work/hook.toml"
 
 # --- static no-op: reads the state like any hook must (crun dies of SIGPIPE
@@ -114,7 +121,7 @@ make_bundle() { # dir
 }
 hooks_jq='.hooks = {prestart: [{path: $hook, args: ["tessera-hook","prestart","--config",$cfg], env: ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}],
                     poststop: [{path: $hook, args: ["tessera-hook","poststop","--config",$cfg], env: ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}]}'
-for b in nogpu nogpu-hook gpu bound bound-hook; do make_bundle "$work/$b"; done
+for b in nogpu nogpu-hook gpu bound bound-hook bound-a bound-baseline; do make_bundle "$work/$b"; done
 jq --arg hook "$hook" --arg cfg "$work/hook.toml" "$hooks_jq" \
     "$work/nogpu-hook/config.json" >"$work/c" && mv "$work/c" "$work/nogpu-hook/config.json"
 jq --arg hook "$hook" --arg cfg "$work/hook.toml" --arg id "$alloc" \
@@ -133,17 +140,35 @@ jq --arg id "$alloc" --slurpfile spec "$work/cdi/tessera.io-alloc_$alloc.json" '
 # CDI path (the runtime applied the edits; the hook only binds).
 jq --arg hook "$hook" --arg cfg "$work/hook.toml" "$hooks_jq" \
     "$work/bound/config.json" >"$work/bound-hook/config.json"
+baseline=${TESSERA_BENCH_BASELINE_HOOK:-}
+baseline_a=() baseline_b=()
+if [ -n "$baseline" ]; then
+    jq --arg hook "$baseline" --arg cfg "$work/hook.toml" "$hooks_jq" \
+        "$work/bound/config.json" >"$work/bound-baseline/config.json"
+fi
 
-# --- OCI states for (a); the pid is a process in a private mount namespace.
-unshare --mount --propagation private sleep 3600 &
+# "bound-a": the same config for (a), in the host's pid namespace like the
+# stand-in container below (a config asking for a new pid namespace would
+# rightly make the hook refuse a process that has none).
+jq '.linux.namespaces |= map(select(.type != "pid"))' "$work/bound/config.json" \
+    >"$work/bound-a/config.json"
+
+# --- OCI states for (a); the pid is a stand-in container that the hook can
+# prove to be one: started by this script (the parent of hyperfine, which
+# starts the hook), in a private mount namespace with the rootfs bind-mounted
+# on itself and a procfs under it, as runc leaves a container at prestart.
+mkdir -p "$work/bound-a/rootfs/proc"
+unshare --mount --propagation private sh -c \
+    'mount --bind "$0" "$0" && mount -t proc proc "$0/proc" && exec sleep 3600' \
+    "$work/bound-a/rootfs" &
 sleeper=$!
-sleep 0.2
+for _ in $(seq 100); do [ "$(cat /proc/$sleeper/comm)" = sleep ] && break; sleep 0.05; done
 state() { # bundle annotations-json
     jq -n --arg b "$1" --argjson pid "$sleeper" --argjson ann "$2" \
         '{ociVersion: "1.0.2-dev", id: "tessera-bench", status: "created", pid: $pid, bundle: $b, annotations: $ann}'
 }
 state "$work/nogpu" '{}' >"$work/state-nogpu.json"
-state "$work/bound" "{\"tessera.io/alloc-id\": \"$alloc\"}" >"$work/state-bound.json"
+state "$work/bound-a" "{\"tessera.io/alloc-id\": \"$alloc\"}" >"$work/state-bound.json"
 jq '.status = "stopped" | del(.pid)' "$work/state-bound.json" >"$work/state-bound-stop.json"
 cfg="--config $work/hook.toml"
 
@@ -153,6 +178,13 @@ cfg="--config $work/hook.toml"
 "$hook" poststop $cfg <"$work/state-bound-stop.json"
 
 feed="$work/feed"
+if [ -n "$baseline" ]; then
+    baseline_a=(-p "$feed $work/state-bound-stop.json $baseline poststop $cfg"
+        -n "feed + baseline hook, GPU container, devices in config.json (binding)"
+        "$feed $work/state-bound.json $baseline prestart $cfg")
+    baseline_b=(-n "runc run, GPU via CDI edits, baseline hook binds"
+        "runc run --bundle $work/bound-baseline tb-base-$$")
+fi
 echo "== (a) hook wall time (static binaries exec'd directly; the state fed by $feed)"
 hyperfine --style basic --shell=none --warmup "$warmup" --runs "$runs" --export-json "$work/a.json" \
     -p true -n "static no-op" "$work/noop" \
@@ -161,7 +193,8 @@ hyperfine --style basic --shell=none --warmup "$warmup" --runs "$runs" --export-
         "$feed $work/state-nogpu.json $hook prestart $cfg" \
     -p "$feed $work/state-bound-stop.json $hook poststop $cfg" \
     -n "feed + hook, GPU container, devices in config.json (binding)" \
-        "$feed $work/state-bound.json $hook prestart $cfg"
+        "$feed $work/state-bound.json $hook prestart $cfg" \
+    "${baseline_a[@]}"
 
 echo "== (b) runc run (create, hooks, start, exit, delete, poststop)"
 hyperfine --style basic --shell=none --warmup "$((warmup < 5 ? warmup : 5))" --runs "$runs_b" \
@@ -169,7 +202,8 @@ hyperfine --style basic --shell=none --warmup "$((warmup < 5 ? warmup : 5))" --r
     -n "runc run, no GPU, no hook" "runc run --bundle $work/nogpu tb-nogpu-$$" \
     -n "runc run, no GPU, hook registered" "runc run --bundle $work/nogpu-hook tb-nogpu-hook-$$" \
     -n "runc run, GPU via CDI edits, hook binds" "runc run --bundle $work/bound-hook tb-cdi-$$" \
-    -n "runc run, GPU via hook (legacy injection)" "runc run --bundle $work/gpu tb-gpu-$$"
+    -n "runc run, GPU via hook (legacy injection)" "runc run --bundle $work/gpu tb-gpu-$$" \
+    "${baseline_b[@]}"
 
 ms() { jq -r --arg n "$2" '.results[] | select(.command == $n) | .median * 1000' "$1"; }
 noop=$(ms "$work/a.json" "static no-op")
@@ -199,6 +233,13 @@ row "runc run, no GPU, no hook" "$base" "$base" ""
 row "runc run, no GPU, hook registered" "$reg" "$base" ""
 row "runc run, GPU via CDI edits in config.json, hook binds (default path)" "$cdi" "$base" "<= 1.10x"
 row "runc run, GPU injected by the hook (legacy path, no CDI in the runtime)" "$gpu" "$base" "<= 1.10x"
+if [ -n "$baseline" ]; then
+    feed_bind_base=$(ms "$work/a.json" "feed + baseline hook, GPU container, devices in config.json (binding)")
+    bind_base=$(awk -v a="$feed_bind_base" -v f="$feed_noop" -v n="$noop" 'BEGIN { print a - f + n }')
+    cdi_base=$(ms "$work/b.json" "runc run, GPU via CDI edits, baseline hook binds")
+    row "baseline hook ($baseline): binding (feeder taken out)" "$bind_base" "$noop" ""
+    row "baseline hook: runc run, GPU via CDI edits, hook binds" "$cdi_base" "$base" ""
+fi
 
 missed=$(awk -v n="$noop" -v f="$fast" -v b="$bind" -v base="$base" -v c="$cdi" -v g="$gpu" 'BEGIN {
     if (f > 1.2 * n) print "fast path " f / n "x no-op";

@@ -40,3 +40,74 @@ tessera_fix_hybrid_cgroups() {
         mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb || true
     fi
 }
+
+# containerd 1.7 (CDI via enable_cdi) for the CRI end-to-end tests, beside
+# bookworm's packages, not instead of them: bookworm ships 1.6.20. The trixie
+# suite is added as an apt source pinned to priority 100 (never chosen by a
+# plain `apt-get install`), containerd's .deb is downloaded and unpacked under
+# /opt/tessera-e2e/containerd-1.7 (usr/bin: containerd, containerd-shim-runc-v2,
+# ctr). The tests run it with bookworm's runc (/usr/sbin/runc); trixie's runc
+# needs a newer glibc. Idempotent: nothing is done when 1.7 is already there.
+TESSERA_CONTAINERD_DIR=/opt/tessera-e2e/containerd-1.7
+
+# The URI of the Debian archive the machine's bookworm packages come from
+# (deb822 .sources or a one-line sources.list entry).
+tessera_debian_mirror() {
+    local f
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [ -f "$f" ] || continue
+        awk '/^URIs:/ { uri = $2 } /^Suites:/ && / bookworm( |$)/ && uri !~ /security/ { print uri; exit }' "$f"
+    done | head -n1 | grep . && return 0
+    grep -hE '^deb +[a-z]+://[^ ]+ +bookworm +' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+        awk '{ print $2; exit }'
+}
+
+tessera_install_containerd() {
+    local bin="$TESSERA_CONTAINERD_DIR/usr/bin/containerd"
+    local version
+    version=$("$bin" --version 2>/dev/null || true)
+    case "$version" in
+    *" 1.7."* | *" v1.7."*) return 0 ;;
+    esac
+    export DEBIAN_FRONTEND=noninteractive
+    local sources=/etc/apt/sources.list.d/tessera-trixie.sources
+    local pin=/etc/apt/preferences.d/tessera-trixie
+    if [ ! -f "$sources" ]; then
+        # The same mirror the machine already uses for bookworm, with the trixie suite.
+        local uri
+        uri=$(tessera_debian_mirror)
+        if [ -z "$uri" ]; then
+            echo "tessera: no Debian mirror found in /etc/apt to add trixie from" >&2
+            return 1
+        fi
+        cat >"$sources" <<SOURCES
+# Added by Tessera's scripts/lib.sh (tessera_install_containerd): containerd 1.7
+# for the CRI end-to-end tests. Pinned low in preferences.d/tessera-trixie.
+Types: deb
+URIs: $uri
+Suites: trixie
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+    fi
+    if [ ! -f "$pin" ]; then
+        cat >"$pin" <<'PIN'
+# Added by Tessera's scripts/lib.sh: never take trixie packages unless asked.
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+PIN
+    fi
+    apt-get update -q
+    local work
+    work=$(mktemp -d)
+    chown _apt "$work" 2>/dev/null || true # apt-get download fetches as _apt
+    (cd "$work" && apt-get download -q containerd/trixie)
+    rm -rf "$TESSERA_CONTAINERD_DIR.tmp"
+    mkdir -p "$TESSERA_CONTAINERD_DIR.tmp"
+    dpkg-deb -x "$work"/containerd_*.deb "$TESSERA_CONTAINERD_DIR.tmp"
+    rm -rf "$work"
+    "$TESSERA_CONTAINERD_DIR.tmp/usr/bin/containerd" --version
+    rm -rf "$TESSERA_CONTAINERD_DIR"
+    mv "$TESSERA_CONTAINERD_DIR.tmp" "$TESSERA_CONTAINERD_DIR"
+}

@@ -7,6 +7,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$tessera_root"
 
 tessera_install_packages
+tessera_install_containerd
 tessera_install_rust
 tessera_fix_hybrid_cgroups
 

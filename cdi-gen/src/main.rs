@@ -53,24 +53,43 @@ fn main() -> ExitCode {
         }),
         Command::List(args) => list::run(args).map(|table| print!("{table}")),
         Command::Profiles(args) => profiles::run(args).map(|report| print!("{report}")),
-        Command::Validate(args) => validate::run(args).map(|spec| {
-            println!(
-                "{}: valid (cdiVersion {}, kind {}, {} devices)",
-                args.file.display(),
-                spec.cdi_version,
-                spec.kind,
-                spec.devices.len()
-            );
-        }),
+        Command::Validate(args) => {
+            let mut failed = false;
+            for (file, outcome) in validate::run(args) {
+                match outcome {
+                    Ok(spec) => println!(
+                        "{}: valid (cdiVersion {}, kind {}, {} devices)",
+                        file.display(),
+                        spec.cdi_version,
+                        spec.kind,
+                        spec.devices.len()
+                    ),
+                    Err(err) => {
+                        failed = true;
+                        report(&err);
+                    }
+                }
+            }
+            return if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            for line in err.to_string().lines() {
-                eprintln!("tessera-cdi: {line}");
-            }
+            report(&err);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// One stderr line per line of the error (a spec's problems, one each).
+fn report(err: &tessera_cdi::CdiGenError) {
+    for line in err.to_string().lines() {
+        eprintln!("tessera-cdi: {line}");
     }
 }
 

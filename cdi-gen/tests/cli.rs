@@ -223,3 +223,106 @@ fn validate_accepts_a_generated_spec_and_reports_every_problem_of_a_bad_one() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("bad.json"), "{stderr}");
 }
+
+/// A transient spec as the device plugin writes it: one device named by the
+/// allocation id, `TESSERA_ALLOC_ID`, and the hook at both stages.
+fn transient_spec(id: &str) -> serde_json::Value {
+    let hook = |stage: &str, verb: &str| {
+        serde_json::json!({"hookName": stage, "path": "/usr/bin/tessera-hook",
+                           "args": ["tessera-hook", verb], "env": ["PATH=/usr/bin"]})
+    };
+    serde_json::json!({
+        "cdiVersion": "0.5.0",
+        "kind": "tessera.io/alloc",
+        "devices": [{"name": id, "containerEdits": {
+            "env": [format!("TESSERA_ALLOC_ID={id}")],
+            "deviceNodes": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+            "hooks": [hook("createContainer", "prestart"), hook("poststop", "poststop")]
+        }}]
+    })
+}
+
+#[test]
+fn validate_takes_several_files_and_holds_transient_specs_to_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, spec: &serde_json::Value| {
+        let path = dir.path().join(name);
+        fs::write(&path, serde_json::to_vec(spec).unwrap()).unwrap();
+        path
+    };
+    let good = write("good.json", &transient_spec("pod-1-0"));
+    let mut no_env = transient_spec("pod-2-0");
+    no_env["devices"][0]["containerEdits"]["env"] = serde_json::json!([]);
+    let no_env = write("no-env.json", &no_env);
+    let mut no_poststop = transient_spec("pod-3-0");
+    no_poststop["devices"][0]["containerEdits"]["hooks"]
+        .as_array_mut()
+        .unwrap()
+        .pop();
+    let no_poststop = write("no-poststop.json", &no_poststop);
+
+    let result = tessera_cdi([
+        "validate".as_ref(),
+        good.as_os_str(),
+        no_env.as_os_str(),
+        no_poststop.as_os_str(),
+    ]);
+    let stderr = stderr_of(&result);
+    let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    // Every file is checked: the good one is reported valid, each bad one
+    // gets one line naming the file, the field and what is missing.
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.contains("good.json: valid"), "{stdout}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines[0].contains("no-env.json")
+            && lines[0].contains("devices[0].containerEdits.env")
+            && lines[0].contains("TESSERA_ALLOC_ID=pod-2-0"),
+        "{stderr}"
+    );
+    assert!(
+        lines[1].contains("no-poststop.json") && lines[1].contains("no poststop hook"),
+        "{stderr}"
+    );
+
+    // All good: exit 0, one line each.
+    let other = write("other.json", &transient_spec("pod-4-0"));
+    let result = tessera_cdi(["validate".as_ref(), good.as_os_str(), other.as_os_str()]);
+    assert!(result.status.success(), "{}", stderr_of(&result));
+    assert_eq!(String::from_utf8_lossy(&result.stdout).lines().count(), 2);
+
+    // No file at all is a usage error.
+    let result = tessera_cdi(["validate"]);
+    assert_eq!(result.status.code(), Some(2), "{}", stderr_of(&result));
+}
+
+#[test]
+fn generate_writes_the_hook_config_into_the_hook_args() {
+    let (dir, root, out) = node_with_previous_spec("demo");
+    let result = generate(&root, &out, &["--hook-config", "/etc/tessera/node-a.toml"]);
+    assert!(result.status.success(), "{}", stderr_of(&result));
+    let spec: serde_json::Value = serde_json::from_slice(&fs::read(&out).unwrap()).unwrap();
+    let hooks = spec["containerEdits"]["hooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 1, "{hooks:?}");
+    assert_eq!(
+        hooks[0]["args"],
+        serde_json::json!([
+            "tessera-hook",
+            "--config",
+            "/etc/tessera/node-a.toml",
+            "prestart"
+        ])
+    );
+    assert!(!hooks[0]["env"].as_array().unwrap().is_empty());
+
+    // A relative config path is refused before anything is written.
+    let out2 = dir.path().join("second.json");
+    fs::write(&out2, b"previous spec").unwrap();
+    let result = generate(&root, &out2, &["--hook-config", "hook.toml"]);
+    let stderr = stderr_of(&result);
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--hook-config"), "{stderr}");
+    assert_untouched(&out2);
+}

@@ -95,7 +95,7 @@ pub fn inject(
         crate::info!("legacy injection skips {skipped}");
     }
     let rules = plan.cgroup_rules();
-    if ctx.container.inside && ctx.oci.has_namespace("cgroup") && !rules.is_empty() {
+    if !ctx.container.cgroups_absolute && !rules.is_empty() {
         return Err(HookError::Unsupported(
             "tessera-hook runs inside a container with its own cgroup namespace and cannot find its device cgroup; register it as a prestart or createRuntime hook".into(),
         ));
@@ -103,7 +103,7 @@ pub fn inject(
     let cgroup = if rules.is_empty() {
         None
     } else {
-        Some(DeviceCgroup::open(ctx.procfs, ctx.container.init_pid)?)
+        Some(DeviceCgroup::open(ctx.procfs, ctx.container)?)
     };
     let owners = plan
         .nodes
@@ -111,7 +111,7 @@ pub fn inject(
         .map(|n| ctx.oci.host_ids(n.uid, n.gid))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(HookError::Refused)?;
-    let probe = RootProbe::take(ctx.procfs, ctx.container)?;
+    let probe = RootProbe::take(ctx.container)?;
     let prepared = Prepared {
         plan,
         rules,

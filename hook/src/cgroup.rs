@@ -23,7 +23,8 @@ use std::os::fd::OwnedFd;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use crate::error::{HookError, Result};
-use crate::procfs::{CgroupEntry, MountInfo, Procfs, parse_cgroup, parse_mountinfo};
+use crate::ns::Container;
+use crate::procfs::{CgroupEntry, MountInfo, Procfs, parse_mountinfo};
 
 /// The error a cgroup v2 host gets: what to use instead.
 pub const V2_REFUSAL: &str = "this host has no cgroup v1 devices controller (cgroup v2): device access is an eBPF program only the runtime can extend, so tessera-hook cannot grant the devices; use a CDI-enabled runtime (containerd >= 1.7 with enable_cdi, CRI-O, podman --device tessera.io/...) or the device plugin's native Allocate devices";
@@ -86,15 +87,13 @@ pub struct DeviceCgroup {
 }
 
 impl DeviceCgroup {
-    /// Locates and opens the devices cgroup of `pid` (nothing is written yet).
-    pub fn open(procfs: &Procfs, pid: u32) -> Result<DeviceCgroup> {
-        let cgroup = procfs
-            .read(&format!("{pid}/cgroup"))
-            .map_err(|e| HookError::apply(format!("reading /proc/{pid}/cgroup"), e))?;
+    /// Locates and opens the devices cgroup of the container's init (nothing
+    /// is written yet).
+    pub fn open(procfs: &Procfs, container: &Container) -> Result<DeviceCgroup> {
         let mountinfo = procfs
             .read("self/mountinfo")
             .map_err(|e| HookError::apply("reading /proc/self/mountinfo", e))?;
-        let found = devices_cgroup_path(&parse_cgroup(&cgroup), &parse_mountinfo(&mountinfo))
+        let found = devices_cgroup_path(&container.cgroups, &parse_mountinfo(&mountinfo))
             .map_err(HookError::Unsupported)?;
         let path = format!("{}/{}", found.mount_point, found.relative);
         if found.relative.is_empty() {
@@ -151,6 +150,7 @@ impl DeviceCgroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::procfs::parse_cgroup;
 
     fn mounts(text: &str) -> Vec<MountInfo> {
         parse_mountinfo(text)

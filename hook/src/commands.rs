@@ -21,7 +21,7 @@ use crate::journal::Journal;
 use crate::log;
 use crate::ns;
 use crate::oci::{Bundle, OciConfig};
-use crate::procfs::{Procfs, parse_cgroup};
+use crate::procfs::Procfs;
 use crate::request::{Request, parse_request, parse_visible_devices};
 use crate::specs::{load_alloc_edits, load_static_edits};
 use crate::state::{State, read_state};
@@ -140,7 +140,7 @@ fn prestart(
         _ => {}
     }
     let procfs = Procfs::open().map_err(|e| HookError::apply("opening /proc", e))?;
-    let container = ns::locate(&procfs, state)?;
+    let container = ns::locate(&procfs, state, bundle, oci)?;
     let id = alloc.as_ref().map(|a| &a.id);
     let ctx = Context {
         config,
@@ -200,15 +200,11 @@ pub(crate) fn record_binding(
         config,
         state,
         oci,
-        procfs,
         container,
         ..
     } = *ctx;
     let pid = container.init_pid;
-    let cgroup_text = procfs
-        .read(&format!("{pid}/cgroup"))
-        .map_err(|e| HookError::apply(format!("reading /proc/{pid}/cgroup"), e))?;
-    let entries = parse_cgroup(&cgroup_text);
+    let entries = &container.cgroups;
     let user = oci.user();
     let (uid, gid) = oci
         .host_ids(user.uid, user.gid)
@@ -224,7 +220,7 @@ pub(crate) fn record_binding(
         alloc_id: id.to_string(),
         container_id: state.id.clone(),
         pid,
-        cgroup: preferred_cgroup(&entries),
+        cgroup: preferred_cgroup(entries),
         cgroups: entries
             .iter()
             .map(|e| (e.controllers.join(","), e.path.clone()))

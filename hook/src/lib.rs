@@ -25,6 +25,7 @@ pub mod commands;
 pub mod config;
 pub mod error;
 pub mod fsutil;
+pub mod identity;
 pub mod journal;
 pub mod log;
 pub mod mounts;

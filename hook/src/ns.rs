@@ -1,18 +1,11 @@
 //! Finding the container's init process, entering its mount namespace, and
 //! opening its root directory there.
 //!
-//! Where the hook runs depends on the hook point (seen with runc 1.1 and crun 1.8):
-//!
-//! | hook point | hook's namespaces | state `pid` | container root at that time |
-//! |---|---|---|---|
-//! | `prestart`, `createRuntime` | the host's | the init's host pid | not yet pivoted: the rootfs is bind-mounted on its own host path inside the container's mount namespace, with `/dev` etc. on top |
-//! | `createContainer` (runc) | the container's mount and pid namespaces, host `/proc` | `1` | same, not yet pivoted |
-//! | `createContainer` (crun) | same | `0` | same |
-//!
-//! So: when the hook's pid in its own pid namespace differs from its pid in
-//! `/proc` (the host's procfs) and the state's pid is 0, 1 or absent, it runs
-//! **inside** the container; its parent is then the container's init.
-//! Otherwise the state's pid is the init.
+//! [`locate`] reads the facts — the hook's own process, its parent, the
+//! candidate, `config.json` — and [`crate::identity`] decides from them; the
+//! table of what runc and crun pass at each stage is there. The candidate's
+//! `/proc/<pid>` directory is opened once and every later read goes through
+//! that fd, so a pid reused meanwhile cannot be mistaken for the init.
 //!
 //! The container root is found in the container's mount namespace: when the
 //! init has not pivoted yet (its `/proc/<pid>/root` is the same directory as the
@@ -21,73 +14,250 @@
 //! opened from the host before entering. Inside the container after the pivot
 //! the hook refuses to inject: host paths would resolve in the container.
 //!
-//! `setns(CLONE_NEWNS)` needs a single-threaded process: the hook never starts
-//! a thread.
+//! `setns` needs a single-threaded process: the hook never starts a thread.
 
-use std::os::fd::OwnedFd;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::fs::{CWD, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
 use rustix::thread::LinkNameSpaceType;
 
 use crate::error::{HookError, Result};
 use crate::fsutil::{fstat, same_inode};
-use crate::procfs::Procfs;
+use crate::identity::{self, CandidateView, Expected, NotProven, NsRequest, ProcFacts};
+use crate::oci::{Bundle, OciConfig};
+use crate::procfs::{CgroupEntry, NsId, ProcessDir, Procfs, parse_cgroup, parse_mountinfo};
 use crate::rootfs::ContainerRoot;
 use crate::state::State;
 
-/// The container's init process as the host sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The container's init process, proven to be it (see [`crate::identity`]).
+#[derive(Debug)]
 pub struct Container {
-    /// The init's pid in the host's pid namespace.
+    /// The init's pid in the host's pid namespace (as `/proc` numbers it).
     pub init_pid: u32,
-    /// The hook runs in the container's namespaces (a `createContainer` hook).
+    /// The hook runs in the container's mount namespace (a `createContainer` hook).
     pub inside: bool,
+    /// `/proc/<init>`, pinned.
+    pub proc: ProcessDir,
+    /// The init's cgroups, read while proving it.
+    pub cgroups: Vec<CgroupEntry>,
+    /// Whether those paths are seen from the runtime's cgroup namespace
+    /// (false: from the container's own, where they are relative to it).
+    pub cgroups_absolute: bool,
 }
 
-/// Finds the container's init process.
-pub fn locate(procfs: &Procfs, state: &State) -> Result<Container> {
-    let io = |what: &str, e: std::io::Error| HookError::apply(what.to_owned(), e);
-    let host_pid = procfs.self_pid().map_err(|e| io("reading /proc/self", e))?;
-    let own_pid = rustix::process::getpid()
-        .as_raw_nonzero()
-        .get()
-        .unsigned_abs();
-    // runc passes pid 1 and crun pid 0 to a createContainer hook; a pid above 1
-    // is a host pid from a prestart/createRuntime hook whatever /proc shows.
-    if host_pid != own_pid && state.pid().is_none_or(|p| p == 1) {
-        let init_pid = procfs
-            .parent_pid("self")
-            .map_err(|e| io("reading /proc/self/stat", e))?;
-        let same = procfs
-            .ns_id("self", "mnt")
-            .map_err(|e| io("reading /proc/self/ns/mnt", e))?
-            == procfs
-                .ns_id(&init_pid.to_string(), "mnt")
-                .map_err(|e| io("reading the parent's mount namespace", e))?;
-        if !same {
-            return Err(HookError::Unsupported(
-                "tessera-hook runs in a child pid namespace but not in its parent's mount namespace; cannot tell which container it serves".into(),
-            ));
+/// The most `config.json` mounts looked for under the rootfs.
+const MAX_MOUNTS_CHECKED: usize = 64;
+
+/// Finds the container's init process and proves it is this container's.
+pub fn locate(
+    procfs: &Procfs,
+    state: &State,
+    bundle: &Bundle,
+    oci: &OciConfig,
+) -> Result<Container> {
+    let me = procfs
+        .process("self")
+        .map_err(|e| HookError::apply("opening /proc/self", e))?;
+    let hook = facts_of(&me)?;
+    let parent_dir = open_process(procfs, hook.ppid, "the hook's parent")?;
+    let parent = facts_of(&parent_dir)?;
+    let pid = identity::candidate(&hook, &parent, state.pid()).map_err(not_proven)?;
+    let cand_dir = if pid == parent.pid {
+        parent_dir
+    } else {
+        open_process(procfs, pid, "the OCI state's pid")?
+    };
+    let facts = facts_of(&cand_dir)?;
+    let inside = facts.mnt == hook.mnt;
+    let cgroups_absolute = see_cgroups_from_the_runtime(procfs, &me, &facts, inside, oci)?;
+    let read = |rel: &str| {
+        cand_dir
+            .read(rel)
+            .map_err(|e| HookError::apply(format!("reading /proc/{}/{rel}", cand_dir.label()), e))
+    };
+    let view = CandidateView {
+        mounts: parse_mountinfo(&read("mountinfo")?),
+        cgroups: parse_cgroup(&read("cgroup")?),
+        facts,
+        cgroups_absolute,
+    };
+    let expected = expected(bundle, oci)?;
+    // runc's init is the runtime's child: no walk up needed.
+    let ancestors = if inside || view.facts.ppid == parent.pid {
+        Vec::new()
+    } else {
+        ancestors(procfs, &parent)
+    };
+    let proven = identity::prove(&hook, &parent, &ancestors, &view, &expected).map_err(|e| {
+        match (state.pid(), e) {
+            // crun's createContainer state has no pid; elsewhere a pid is required.
+            (None, NotProven::Refused(why)) => HookError::State(format!(
+                "no pid, and the hook's parent is no container init ({why}); run `tessera-hook prestart` as a prestart, createRuntime or createContainer hook"
+            )),
+            (_, e) => not_proven(e),
         }
-        return Ok(Container {
-            init_pid,
-            inside: true,
-        });
-    }
-    let init_pid = state.pid().ok_or_else(|| {
-        HookError::State(
-            "no pid: run `tessera-hook prestart` as a prestart, createRuntime or createContainer hook".into(),
-        )
     })?;
-    procfs.ns_id(&init_pid.to_string(), "mnt").map_err(|e| {
-        HookError::apply(
-            format!("container init pid {init_pid}: reading /proc/{init_pid}/ns/mnt"),
-            e,
-        )
-    })?;
+    crate::debug!(
+        "container {}: init is host pid {} ({} its mount namespace)",
+        state.id,
+        proven.init_pid,
+        if proven.inside {
+            "hook in"
+        } else {
+            "hook outside"
+        }
+    );
     Ok(Container {
-        init_pid,
-        inside: false,
+        init_pid: proven.init_pid,
+        inside: proven.inside,
+        proc: cand_dir,
+        cgroups: view.cgroups,
+        cgroups_absolute,
+    })
+}
+
+/// The most processes walked up from the runtime.
+const MAX_ANCESTORS: usize = 64;
+
+/// `runtime`'s pid and those of the processes above it, up to pid 1 (or as
+/// far as `/proc` can be read).
+fn ancestors(procfs: &Procfs, runtime: &ProcFacts) -> Vec<u32> {
+    let mut chain = vec![runtime.pid];
+    let mut next = runtime.ppid;
+    while next != 0 && chain.len() < MAX_ANCESTORS && !chain.contains(&next) {
+        chain.push(next);
+        if next == 1 {
+            break;
+        }
+        match procfs.process(&next.to_string()).and_then(|p| p.status()) {
+            Ok(status) => next = status.ppid,
+            Err(_) => break,
+        }
+    }
+    chain
+}
+
+fn not_proven(e: NotProven) -> HookError {
+    match e {
+        NotProven::Refused(why) => HookError::Refused(why),
+        NotProven::Unsupported(why) => HookError::Unsupported(why),
+    }
+}
+
+fn open_process(procfs: &Procfs, pid: u32, what: &str) -> Result<ProcessDir> {
+    procfs.process(&pid.to_string()).map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            HookError::Refused(format!("{what}, pid {pid}, does not exist"))
+        } else {
+            HookError::apply(format!("opening /proc/{pid} ({what})"), e)
+        }
+    })
+}
+
+fn facts_of(dir: &ProcessDir) -> Result<ProcFacts> {
+    let err = |what: &str, e: io::Error| {
+        HookError::apply(format!("reading /proc/{}/{what}", dir.label()), e)
+    };
+    let status = dir.status().map_err(|e| err("status", e))?;
+    Ok(ProcFacts {
+        pid: status.pid,
+        ppid: status.ppid,
+        nspid: status.nspid,
+        mnt: dir.ns_id("mnt").map_err(|e| err("ns/mnt", e))?,
+        pid_ns: dir.ns_id("pid").map_err(|e| err("ns/pid", e))?,
+    })
+}
+
+/// A `createContainer` hook of a container with its own cgroup namespace is
+/// in that namespace, where every cgroup path reads `/`. It moves into the
+/// cgroup namespace of the process that started the init (the runtime, or
+/// its parent) so the binding names the real cgroup; where that process
+/// cannot be read, the paths stay relative and are not used as evidence.
+fn see_cgroups_from_the_runtime(
+    procfs: &Procfs,
+    me: &ProcessDir,
+    init: &ProcFacts,
+    inside: bool,
+    oci: &OciConfig,
+) -> Result<bool> {
+    if !inside || !oci.has_namespace("cgroup") {
+        return Ok(true);
+    }
+    let Ok(starter) = procfs.process(&init.ppid.to_string()) else {
+        return Ok(false);
+    };
+    let (Ok(own), Ok(theirs)) = (me.ns_id("cgroup"), starter.ns_id("cgroup")) else {
+        return Ok(false);
+    };
+    if own == theirs {
+        return Ok(true);
+    }
+    let Ok(target) = starter.open_link("ns/cgroup", OFlags::RDONLY) else {
+        return Ok(false);
+    };
+    rustix::thread::move_into_link_name_space(
+        target.as_fd(),
+        Some(LinkNameSpaceType::ControlGroup),
+    )
+    .map_err(|e| {
+        HookError::apply(
+            "entering the runtime's cgroup namespace",
+            std::io::Error::from(e),
+        )
+    })?;
+    Ok(true)
+}
+
+/// What `config.json` says the container looks like.
+fn expected(bundle: &Bundle, oci: &OciConfig) -> Result<Expected> {
+    let request = |kind: &str| -> Result<NsRequest> {
+        Ok(match oci.namespace(kind) {
+            None => NsRequest::Shared,
+            Some(ns) => match ns.path.as_deref().filter(|p| !p.is_empty()) {
+                None => NsRequest::New,
+                Some(path) => {
+                    let st = rustix::fs::stat(path).map_err(|e| {
+                        HookError::input(
+                            format!("{}/config.json", bundle.path),
+                            format!("linux.namespaces {kind} path {path}: {e}"),
+                        )
+                    })?;
+                    NsRequest::Join(NsId::from_stat(&st))
+                }
+            },
+        })
+    };
+    let rootfs = bundle.rootfs(oci).ok_or_else(|| {
+        HookError::Unsupported(
+            "config.json has no root.path; cannot find the container's root filesystem".into(),
+        )
+    })?;
+    let rootfs = std::fs::canonicalize(&rootfs)
+        .map_err(|e| HookError::apply(format!("resolving the rootfs {rootfs}"), e))?
+        .to_str()
+        .ok_or_else(|| HookError::Unsupported(format!("the rootfs {rootfs} is not UTF-8")))?
+        .to_owned();
+    let under = |dest: &str| {
+        let dest = dest.trim_matches('/');
+        if dest.is_empty() {
+            rootfs.clone()
+        } else {
+            format!("{}/{dest}", rootfs.trim_end_matches('/'))
+        }
+    };
+    Ok(Expected {
+        mount: request("mount")?,
+        pid: request("pid")?,
+        mounts_under_rootfs: oci
+            .mounts
+            .iter()
+            .filter(|m| m.destination.starts_with('/') && m.destination != "/")
+            .take(MAX_MOUNTS_CHECKED)
+            .map(|m| under(&m.destination))
+            .collect(),
+        rootfs,
+        cgroups_path: oci.cgroups_path().map(str::to_owned),
     })
 }
 
@@ -101,15 +271,13 @@ pub struct RootProbe {
 
 impl RootProbe {
     /// Opens `/proc/<init>/root` and compares it with the hook's own `/`.
-    pub fn take(procfs: &Procfs, container: &Container) -> Result<RootProbe> {
+    pub fn take(container: &Container) -> Result<RootProbe> {
         let err = |e: std::io::Error| {
             HookError::apply(format!("opening /proc/{}/root", container.init_pid), e)
         };
-        let init_root = procfs
-            .open_link(
-                &format!("{}/root", container.init_pid),
-                OFlags::PATH | OFlags::DIRECTORY,
-            )
+        let init_root = container
+            .proc
+            .open_link("root", OFlags::PATH | OFlags::DIRECTORY)
             .map_err(err)?;
         let own_root = rustix::fs::open(
             "/",
@@ -185,16 +353,25 @@ pub struct Entered {
 }
 
 /// Enters the init's mount namespace unless the hook is already in it.
+///
+/// The target is the proven init's namespace, opened through its pinned
+/// `/proc/<pid>` fd, and is checked before and after the switch: never the
+/// hook's own (the host's, for a host-side hook), and afterwards the hook's.
 pub fn enter(procfs: &Procfs, container: &Container) -> Result<Entered> {
-    let pid = container.init_pid.to_string();
+    let pid = container.init_pid;
     let err = |what: &str, e: std::io::Error| {
         HookError::apply(format!("{what} (container init {pid})"), e)
     };
-    let own = procfs
-        .ns_id("self", "mnt")
-        .map_err(|e| err("reading /proc/self/ns/mnt", e))?;
-    let theirs = procfs
-        .ns_id(&pid, "mnt")
+    let own_mnt = || -> Result<NsId> {
+        procfs
+            .process("self")
+            .and_then(|me| me.ns_id("mnt"))
+            .map_err(|e| err("reading /proc/self/ns/mnt", e))
+    };
+    let own = own_mnt()?;
+    let theirs = container
+        .proc
+        .ns_id("mnt")
         .map_err(|e| err("reading the init's mount namespace", e))?;
     if own == theirs {
         if container.inside {
@@ -204,29 +381,46 @@ pub fn enter(procfs: &Procfs, container: &Container) -> Result<Entered> {
             "the container shares the host's mount namespace; tessera-hook will not inject devices into it".into(),
         ));
     }
+    if container.inside {
+        return Err(HookError::Refused(
+            "the container's mount namespace changed while the hook ran; nothing was injected"
+                .into(),
+        ));
+    }
     let host = procfs
         .open_link("self/ns/mnt", OFlags::RDONLY)
         .map_err(|e| err("opening /proc/self/ns/mnt", e))?;
-    let target = procfs
-        .open_link(&format!("{pid}/ns/mnt"), OFlags::RDONLY)
+    let target = container
+        .proc
+        .open_link("ns/mnt", OFlags::RDONLY)
         .map_err(|e| err("opening the init's mount namespace", e))?;
-    rustix::thread::move_into_link_name_space(
-        std::os::fd::AsFd::as_fd(&target),
-        Some(LinkNameSpaceType::Mount),
-    )
-    .map_err(|e| err("entering the container's mount namespace", e.into()))?;
-    Ok(Entered { host: Some(host) })
+    if NsId::from_stat(&fstat(&target).map_err(|e| err("fstat of the init's mount namespace", e))?)
+        != theirs
+    {
+        return Err(HookError::Refused(
+            "the container init's mount namespace changed while the hook ran; nothing was injected"
+                .into(),
+        ));
+    }
+    rustix::thread::move_into_link_name_space(target.as_fd(), Some(LinkNameSpaceType::Mount))
+        .map_err(|e| err("entering the container's mount namespace", e.into()))?;
+    let entered = Entered { host: Some(host) };
+    if own_mnt()? != theirs {
+        entered.leave()?;
+        return Err(HookError::Refused(
+            "after setns the hook is not in the container's mount namespace; nothing was injected"
+                .into(),
+        ));
+    }
+    Ok(entered)
 }
 
 impl Entered {
     /// Returns to the host's mount namespace (if it was left).
     pub fn leave(self) -> Result<()> {
         if let Some(host) = self.host {
-            rustix::thread::move_into_link_name_space(
-                std::os::fd::AsFd::as_fd(&host),
-                Some(LinkNameSpaceType::Mount),
-            )
-            .map_err(|e| HookError::apply("returning to the host's mount namespace", e))?;
+            rustix::thread::move_into_link_name_space(host.as_fd(), Some(LinkNameSpaceType::Mount))
+                .map_err(|e| HookError::apply("returning to the host's mount namespace", e))?;
         }
         Ok(())
     }

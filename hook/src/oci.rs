@@ -93,6 +93,10 @@ pub struct Linux {
     /// User namespace gid mappings.
     #[serde(default, deserialize_with = "null_default")]
     pub gid_mappings: Vec<IdMapping>,
+    /// Where the runtime puts the container's cgroup: an absolute or relative
+    /// cgroupfs path, or systemd's `slice:prefix:name`.
+    #[serde(default)]
+    pub cgroups_path: Option<String>,
 }
 
 /// One entry of `linux.devices`.
@@ -108,6 +112,9 @@ pub struct Namespace {
     /// `pid`, `mount`, `cgroup`, `user`, …
     #[serde(rename = "type")]
     pub kind: String,
+    /// The namespace to join (`/proc/<pid>/ns/<kind>`); absent: a new one.
+    #[serde(default)]
+    pub path: Option<String>,
 }
 
 /// A user namespace id mapping.
@@ -148,6 +155,21 @@ impl OciConfig {
         self.linux
             .as_ref()
             .is_some_and(|l| l.namespaces.iter().any(|n| n.kind == kind))
+    }
+
+    /// The `linux.namespaces` entry of `kind`, if the container asks for one.
+    pub fn namespace(&self, kind: &str) -> Option<&Namespace> {
+        self.linux
+            .as_ref()
+            .and_then(|l| l.namespaces.iter().find(|n| n.kind == kind))
+    }
+
+    /// `linux.cgroupsPath`, when set and not empty.
+    pub fn cgroups_path(&self) -> Option<&str> {
+        self.linux
+            .as_ref()
+            .and_then(|l| l.cgroups_path.as_deref())
+            .filter(|p| !p.is_empty())
     }
 
     /// Whether `path` is among the device nodes the runtime creates.

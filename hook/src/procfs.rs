@@ -1,5 +1,5 @@
 //! `/proc`, opened once and checked to be procfs, and the few files read from
-//! it: `<pid>/cgroup`, `self/mountinfo`, `<pid>/stat`, namespace links.
+//! it: `<pid>/cgroup`, `<pid>/status`, `<pid>/mountinfo`, namespace links.
 //!
 //! Every access goes through the fd opened before the hook changes mount
 //! namespace, so `self` keeps meaning the hook in the host's pid namespace even
@@ -44,14 +44,7 @@ impl Procfs {
 
     /// Reads `/proc/<rel>` (bounded).
     pub fn read(&self, rel: &str) -> io::Result<String> {
-        let fd = rustix::fs::openat(
-            &self.fd,
-            rel,
-            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::empty(),
-        )?;
-        let raw = read_bounded(fd, MAX_PROC_FILE)?;
-        String::from_utf8(raw).map_err(|_| io::Error::other(format!("/proc/{rel} is not UTF-8")))
+        read_text(&self.fd, rel, "")
     }
 
     /// Opens `/proc/<rel>` following its magic link (`<pid>/root`, `<pid>/ns/mnt`).
@@ -64,28 +57,19 @@ impl Procfs {
         )?)
     }
 
-    /// The hook's own pid as this procfs sees it (the host's pid namespace).
-    pub fn self_pid(&self) -> io::Result<u32> {
-        let link = rustix::fs::readlinkat(&self.fd, "self", Vec::new())?;
-        link.to_str()
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| io::Error::other("/proc/self is not a pid"))
-    }
-
-    /// The parent pid of `pid` (`self` allowed) as this procfs sees it.
-    pub fn parent_pid(&self, pid: &str) -> io::Result<u32> {
-        let stat = self.read(&format!("{pid}/stat"))?;
-        parse_stat_ppid(&stat)
-            .ok_or_else(|| io::Error::other(format!("/proc/{pid}/stat: no parent pid")))
-    }
-
-    /// The identity of `pid`'s namespace of `kind` (`mnt`, `pid`, `cgroup`).
-    pub fn ns_id(&self, pid: &str, kind: &str) -> io::Result<NsId> {
-        let st = rustix::fs::statat(&self.fd, format!("{pid}/ns/{kind}"), AtFlags::empty())?;
-        Ok(NsId {
-            dev: st.st_dev,
-            ino: st.st_ino,
+    /// Opens `/proc/<pid>` (`self` allowed) as a directory fd: every later
+    /// read through it concerns that very process, or fails with `ESRCH` once
+    /// it is gone, even if its pid is reused meanwhile.
+    pub fn process(&self, pid: &str) -> io::Result<ProcessDir> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            pid,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(ProcessDir {
+            fd,
+            label: pid.to_owned(),
         })
     }
 
@@ -95,10 +79,116 @@ impl Procfs {
     }
 }
 
-/// The 4th field of `/proc/<pid>/stat` (the comm field may hold spaces and `)`).
-pub fn parse_stat_ppid(stat: &str) -> Option<u32> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_ascii_whitespace().nth(1)?.parse().ok()
+/// Reads the text file `rel` under the procfs directory `dir` (bounded);
+/// `shown` is what sits between `/proc/` and `rel` in messages.
+fn read_text(dir: &OwnedFd, rel: &str, shown: &str) -> io::Result<String> {
+    let fd = rustix::fs::openat(
+        dir,
+        rel,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )?;
+    let raw = read_bounded(fd, MAX_PROC_FILE)?;
+    String::from_utf8(raw).map_err(|_| io::Error::other(format!("/proc/{shown}{rel} is not UTF-8")))
+}
+
+/// One process's `/proc/<pid>` directory, pinned by its fd.
+#[derive(Debug)]
+pub struct ProcessDir {
+    fd: OwnedFd,
+    label: String,
+}
+
+impl ProcessDir {
+    /// How the process was named when opened (`self` or a pid), for messages.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Reads `/proc/<pid>/<rel>` (bounded).
+    pub fn read(&self, rel: &str) -> io::Result<String> {
+        read_text(&self.fd, rel, &format!("{}/", self.label))
+    }
+
+    /// Opens `/proc/<pid>/<rel>` following its magic link (`root`, `ns/mnt`).
+    pub fn open_link(&self, rel: &str, flags: OFlags) -> io::Result<OwnedFd> {
+        Ok(rustix::fs::openat(
+            &self.fd,
+            rel,
+            flags | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
+    /// The identity of the process's namespace of `kind` (`mnt`, `pid`, `cgroup`).
+    pub fn ns_id(&self, kind: &str) -> io::Result<NsId> {
+        let st = rustix::fs::statat(&self.fd, format!("ns/{kind}"), AtFlags::empty())?;
+        Ok(NsId::from_stat(&st))
+    }
+
+    /// The pid and the parent pid (as this procfs numbers them) and the
+    /// `NSpid` list (the pid in each pid namespace from this procfs's down to
+    /// the process's own), from one read of `status`.
+    pub fn status(&self) -> io::Result<ProcStatus> {
+        let status = self.read("status")?;
+        parse_status(&status).ok_or_else(|| {
+            io::Error::other(format!(
+                "/proc/{}/status: no Pid, PPid or NSpid line",
+                self.label
+            ))
+        })
+    }
+}
+
+/// What the hook takes from `/proc/<pid>/status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcStatus {
+    /// `Pid:`.
+    pub pid: u32,
+    /// `PPid:`.
+    pub ppid: u32,
+    /// `NSpid:`, outermost first.
+    pub nspid: Vec<u32>,
+}
+
+/// Parses the `Pid:`, `PPid:` and `NSpid:` lines of `/proc/<pid>/status`.
+pub fn parse_status(status: &str) -> Option<ProcStatus> {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    Some(ProcStatus {
+        pid: field("Pid:")?,
+        ppid: field("PPid:")?,
+        nspid: parse_status_nspid(status)?,
+    })
+}
+
+impl NsId {
+    /// The identity of the nsfs inode `st` describes.
+    pub fn from_stat(st: &rustix::fs::Stat) -> NsId {
+        NsId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
+    }
+
+    /// An identity made up for tests of the rules over namespaces.
+    pub fn fake(ino: u64) -> NsId {
+        NsId { dev: 4, ino }
+    }
+}
+
+/// The pids of `NSpid:` in `/proc/<pid>/status`.
+pub fn parse_status_nspid(status: &str) -> Option<Vec<u32>> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let pids: Option<Vec<u32>> = line
+        .split_ascii_whitespace()
+        .map(|p| p.parse().ok())
+        .collect();
+    pids.filter(|p| !p.is_empty())
 }
 
 /// One line of `/proc/<pid>/cgroup`.
@@ -225,13 +315,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ppid_survives_odd_command_names() {
+    fn status_gives_pid_parent_and_nspid() {
+        let status = "Name:\tsh\nTgid:\t12765\nPid:\t12765\nPPid:\t12725\nNSpid:\t12765\t29\n";
         assert_eq!(
-            parse_stat_ppid("18871 (hook) S 18868 18871 ..."),
-            Some(18868)
+            parse_status(status),
+            Some(ProcStatus {
+                pid: 12765,
+                ppid: 12725,
+                nspid: vec![12765, 29]
+            })
         );
-        assert_eq!(parse_stat_ppid("5 (a) b) c) R 42 5 5 0"), Some(42));
-        assert_eq!(parse_stat_ppid("garbage"), None);
+        assert_eq!(parse_status("Pid:\t1\nNSpid:\t1\n"), None);
+        assert_eq!(parse_status("Pid:\tx\nPPid:\t0\nNSpid:\t1\n"), None);
+    }
+
+    #[test]
+    fn nspid_lists_every_level() {
+        let status = "Name:\tsh\nTgid:\t12765\nNSpid:\t12765\t29\nPPid:\t1\n";
+        assert_eq!(parse_status_nspid(status), Some(vec![12765, 29]));
+        assert_eq!(parse_status_nspid("NSpid:\t7\n"), Some(vec![7]));
+        assert_eq!(parse_status_nspid("NSpid:\n"), None);
+        assert_eq!(parse_status_nspid("NSpid:\tx 1\n"), None);
+        assert_eq!(parse_status_nspid("Name: a\n"), None);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::trust::TrustedDir;
 /// Parses and validates a spec document; the error is one line.
 pub fn parse_spec(raw: &[u8]) -> std::result::Result<Spec, String> {
     let spec: Spec = serde_json::from_slice(raw).map_err(|e| one_line(&e.to_string()))?;
-    spec.validate().map_err(|problems| {
+    spec.validate_tessera().map_err(|problems| {
         problems
             .iter()
             .map(ToString::to_string)
@@ -160,13 +160,16 @@ mod tests {
         }
     }
 
+    /// A complete transient spec: `TESSERA_ALLOC_ID` and both hook entries.
     fn alloc_spec(id: &str) -> Spec {
-        Spec::new(
-            ALLOC_KIND,
-            vec![Device::new(id, edits_with(vec![node("/dev/nvidia0", 0)]))],
-            common(),
-        )
-        .expect("valid spec")
+        let mut device = edits_with(vec![node("/dev/nvidia0", 0)]);
+        device.env = vec![format!("TESSERA_ALLOC_ID={id}")];
+        let mut spec_level = common();
+        let mut unbind = spec_level.hooks[0].clone();
+        unbind.hook_name = "poststop".into();
+        unbind.args = vec!["tessera-hook".into(), "poststop".into()];
+        spec_level.hooks.push(unbind);
+        Spec::new(ALLOC_KIND, vec![Device::new(id, device)], spec_level).expect("valid spec")
     }
 
     #[test]
@@ -214,6 +217,18 @@ mod tests {
         bad["devices"][0]["containerEdits"]["deviceNodes"][0]["type"] = serde_json::json!("x");
         let e = parse_spec(bad.to_string().as_bytes()).expect_err("bad type");
         assert!(e.contains("deviceNodes[0].type"), "{e}");
+        assert!(!e.contains('\n'));
+        // The transient spec contract: without TESSERA_ALLOC_ID and the
+        // poststop hook, the spec is refused, naming both.
+        let mut incomplete = serde_json::to_value(&spec).expect("json");
+        incomplete["devices"][0]["containerEdits"]["env"] = serde_json::json!([]);
+        incomplete["containerEdits"]["hooks"]
+            .as_array_mut()
+            .expect("hooks")
+            .pop();
+        let e = parse_spec(incomplete.to_string().as_bytes()).expect_err("incomplete");
+        assert!(e.contains("missing \"TESSERA_ALLOC_ID=pod-0\""), "{e}");
+        assert!(e.contains("no poststop hook"), "{e}");
         assert!(!e.contains('\n'));
     }
 

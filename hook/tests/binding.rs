@@ -45,9 +45,9 @@ fn applied_spec_is_bound_and_unbound() {
     }
     let alloc = "3f2b7c1a-9d4e-4f6a-8b1c-2d3e4f5a6b7c-0";
     let fx = applied(alloc);
-    // The test process stands in for the container's init: a live pid with a cgroup.
-    let pid = std::process::id();
-    let out = fx.run("prestart", &fx.state("ctr-1", Some(pid)));
+    // A stand-in init in its own mount and pid namespaces runs the hook, as
+    // runc runs a createContainer hook; the state says pid 1.
+    let (out, pid) = fx.run_inside("prestart", "ctr-1", Some(1));
     assert_eq!(code_and_stderr(&out), (0, String::new()));
 
     let path = fx.path(&format!("state/alloc/{alloc}/binding.json"));
@@ -74,9 +74,10 @@ fn applied_spec_is_bound_and_unbound() {
     let file = fs::metadata(&path).expect("binding");
     assert_eq!(file.mode() & 0o7777, 0o644);
 
-    // Idempotent: a second hook point writes the same record again.
+    // Idempotent: a second hook point writes the same record again (crun
+    // passes no pid at createContainer).
     assert_eq!(
-        code_and_stderr(&fx.run("prestart", &fx.state("ctr-1", Some(pid)))).0,
+        code_and_stderr(&fx.run_inside("prestart", "ctr-1", None).0).0,
         0
     );
     assert!(path.exists());
@@ -106,6 +107,33 @@ fn applied_spec_is_bound_and_unbound() {
 }
 
 #[test]
+fn the_test_process_is_no_container_init() {
+    if skip_unless_root("the_test_process_is_no_container_init") {
+        return;
+    }
+    // What the hook used to accept: any live host pid in the state. The test
+    // process is neither in the container's namespaces nor started by the
+    // process running the hook.
+    let alloc = "pod-0";
+    let fx = applied(alloc);
+    for pid in [std::process::id(), 2] {
+        let (code, stderr) = code_and_stderr(&fx.run("prestart", &fx.state("ctr-1", Some(pid))));
+        assert_eq!(code, 4, "{stderr}");
+        assert!(
+            stderr.contains(&format!("pid {pid} is not this container's init")),
+            "{stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+    // A state pid that is not the stand-in init's pid in its namespace.
+    let (out, _) = fx.run_inside("prestart", "ctr-1", Some(7));
+    let (code, stderr) = code_and_stderr(&out);
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("names pid 7"), "{stderr}");
+    assert!(fx.state_files().is_empty(), "{:?}", fx.state_files());
+}
+
+#[test]
 fn prestart_without_pid_is_refused() {
     if skip_unless_root("prestart_without_pid_is_refused") {
         return;
@@ -128,8 +156,7 @@ fn a_symlinked_state_dir_is_refused() {
     fs::remove_dir(fx.path("state")).expect("rm state");
     fs::create_dir(fx.path("elsewhere")).expect("mkdir");
     std::os::unix::fs::symlink(fx.path("elsewhere"), fx.path("state")).expect("symlink");
-    let (code, stderr) =
-        code_and_stderr(&fx.run("prestart", &fx.state("ctr-1", Some(std::process::id()))));
+    let (code, stderr) = code_and_stderr(&fx.run_inside("prestart", "ctr-1", Some(1)).0);
     assert_eq!(code, 4, "{stderr}");
     assert!(stderr.contains("is a symlink"), "{stderr}");
     assert_eq!(fs::read_dir(fx.path("elsewhere")).expect("dir").count(), 0);

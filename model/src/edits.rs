@@ -15,6 +15,21 @@ pub struct HookSettings {
     pub path: String,
     /// The hook's complete environment (must not be empty).
     pub env: Vec<String>,
+    /// `hook.toml` for the hook to read (`--config FILE`); `None`: the hook's
+    /// default, `/etc/tessera/hook.toml`.
+    pub config: Option<String>,
+}
+
+impl HookSettings {
+    /// The hook's argv for `verb`: `tessera-hook [--config FILE] <verb>`.
+    pub fn args(&self, verb: &str) -> Vec<String> {
+        let mut args = vec![crate::cdi::transient::HOOK_BINARY_NAME.to_owned()];
+        if let Some(config) = &self.config {
+            args.extend(["--config".to_owned(), config.clone()]);
+        }
+        args.push(verb.to_owned());
+        args
+    }
 }
 
 impl Default for HookSettings {
@@ -22,6 +37,7 @@ impl Default for HookSettings {
         Self {
             path: DEFAULT_HOOK_PATH.to_owned(),
             env: vec![HOOK_PATH_ENV.to_owned()],
+            config: None,
         }
     }
 }
@@ -94,9 +110,9 @@ pub fn common(facts: &NodeFacts, hook: &HookSettings) -> ContainerEdits {
         env: vec!["NVIDIA_VISIBLE_DEVICES=void".to_owned()],
         device_nodes: facts.control_nodes.iter().map(device_node).collect(),
         hooks: vec![Hook {
-            hook_name: "createContainer".to_owned(),
+            hook_name: crate::cdi::transient::BIND_STAGE.to_owned(),
             path: hook.path.clone(),
-            args: vec!["tessera-hook".to_owned(), "prestart".to_owned()],
+            args: hook.args(crate::cdi::transient::BIND_VERB),
             env: hook.env.clone(),
             timeout: None,
         }],

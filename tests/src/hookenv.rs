@@ -12,6 +12,8 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use anyhow::{Context, Result, bail, ensure};
+use tessera_model::alloc::ALLOC_ID_ENV;
+use tessera_model::cdi::transient::{BIND_STAGE, BIND_VERB, UNBIND_STAGE};
 use tessera_model::cdi::{ALLOC_KIND, ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
 
 use crate::node::{ExpectedNode, NodeView};
@@ -234,7 +236,9 @@ impl HookFixture {
 
     /// The transient spec of `alloc_id`, as the device plugin would write it:
     /// the granted nodes, the vGPU library, preload and limits mounts, the
-    /// limits in the environment, and the hook.
+    /// limits and `TESSERA_ALLOC_ID` in the environment, and the hook at
+    /// `createContainer` and `poststop` with this fixture's config — complete
+    /// by the contract ([`Spec::validate_tessera`]).
     pub fn transient_spec(&self, alloc_id: &str) -> Result<Spec> {
         let device_nodes = self
             .granted
@@ -266,24 +270,35 @@ impl HookFixture {
                 mount_type: None,
             })
             .collect();
+        let hook = |stage: &str, verb: &str| Hook {
+            hook_name: stage.to_owned(),
+            path: hook_binary().display().to_string(),
+            args: self.hook_args(verb),
+            env: vec![HOOK_ENV.to_owned()],
+            timeout: None,
+        };
         let edits = ContainerEdits {
-            env: vec!["CUDA_DEVICE_MEMORY_LIMIT=4000m".to_owned()],
+            env: vec![
+                "CUDA_DEVICE_MEMORY_LIMIT=4000m".to_owned(),
+                format!("{ALLOC_ID_ENV}={alloc_id}"),
+            ],
             device_nodes,
             mounts,
-            hooks: vec![Hook {
-                hook_name: "createContainer".to_owned(),
-                path: hook_binary().display().to_string(),
-                args: vec!["tessera-hook".to_owned(), "prestart".to_owned()],
-                env: vec![HOOK_ENV.to_owned()],
-                timeout: None,
-            }],
+            hooks: vec![
+                hook(BIND_STAGE, BIND_VERB),
+                hook(UNBIND_STAGE, UNBIND_STAGE),
+            ],
             ..ContainerEdits::default()
         };
-        Ok(Spec::new(
+        let spec = Spec::new(
             ALLOC_KIND,
             vec![Device::new(alloc_id, edits)],
             ContainerEdits::default(),
-        )?)
+        )?;
+        if let Err(problems) = spec.validate_tessera() {
+            bail!("the fixture's transient spec breaks the contract: {problems:?}");
+        }
+        Ok(spec)
     }
 
     /// Path of the transient spec of `alloc_id`.

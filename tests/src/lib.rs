@@ -81,6 +81,13 @@ pub fn prerequisites(programs: &[&str]) -> Option<String> {
     if !root {
         missing.push("not running as root".to_owned());
     }
+    verdict(missing)
+}
+
+/// The skip reason for `missing` prerequisites (each naming what to install),
+/// or `None` when nothing is missing; under CI (`CI` set) anything missing
+/// fails the test instead.
+pub fn verdict(missing: Vec<String>) -> Option<String> {
     if missing.is_empty() {
         return None;
     }
@@ -173,6 +180,7 @@ pub fn podman(runtime: &str, devices: &[String], rootfs: &Path, script: &str) ->
     cmd
 }
 
+pub mod containerd;
 pub mod hookenv;
 pub mod oci;
 pub mod sentinel;

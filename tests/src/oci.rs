@@ -118,6 +118,27 @@ impl Bundle {
         &mut self.config
     }
 
+    /// Replaces the `linux.namespaces` entry of `kind`: `None` removes it
+    /// (the container shares the runtime's), `Some(None)` asks for a new one,
+    /// `Some(Some(path))` joins the namespace at `path`.
+    pub fn set_namespace(&mut self, kind: &str, request: Option<Option<&str>>) -> &mut Self {
+        let namespaces = &mut self.config["linux"]["namespaces"];
+        let mut list: Vec<Value> = namespaces
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|n| n["type"] != kind)
+            .collect();
+        match request {
+            None => {}
+            Some(None) => list.push(json!({"type": kind})),
+            Some(Some(path)) => list.push(json!({"type": kind, "path": path})),
+        }
+        *namespaces = json!(list);
+        self
+    }
+
     /// Sets an annotation.
     pub fn annotate(&mut self, key: &str, value: &str) -> &mut Self {
         if !self.config["annotations"].is_object() {

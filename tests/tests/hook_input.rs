@@ -7,9 +7,12 @@
 //! demonstrates.
 //!
 //! The state names a real process in a private mount namespace with the
-//! bundle's rootfs bind-mounted (`unshare --mount`, `mount --bind`, `sleep`),
-//! so a hook that wrongly went ahead would act on a throwaway namespace and a
-//! scratch rootfs, never on the host.
+//! bundle's rootfs bind-mounted and a procfs under it (`unshare --mount`,
+//! `mount --bind`, `sleep`), started by the process that runs the hook and in
+//! the host's pid namespace as the bundle's config says (no `pid` namespace):
+//! a stand-in container the hook proves to be one, so a hook that wrongly
+//! went ahead would act on a throwaway namespace and a scratch rootfs, never
+//! on the host.
 
 use std::fs;
 use std::io::Write;
@@ -25,15 +28,19 @@ use tessera_e2e::prerequisites;
 use tessera_e2e::sentinel::{changes, snapshot};
 
 /// A `sleep` in its own private mount namespace where the bundle's rootfs is
-/// a bind mount, as runc and crun leave it: the pid the states name, a
-/// stand-in container that a hook may act on without reaching the host.
+/// a bind mount with a procfs under it, as runc and crun leave it: the pid the
+/// states name, a stand-in container that a hook may act on without reaching
+/// the host.
 struct Sleeper(Child);
 
 impl Sleeper {
     fn start(rootfs: &Path) -> Self {
         let child = Command::new("unshare")
             .args(["--mount", "--propagation", "private", "sh", "-c"])
-            .arg("mount --bind \"$0\" \"$0\" && exec sleep 120")
+            .arg(
+                "mkdir -p \"$0/proc\" && mount --bind \"$0\" \"$0\" && \
+                 mount -t proc proc \"$0/proc\" && exec sleep 120",
+            )
             .arg(rootfs)
             .spawn()
             .expect("unshare");
@@ -75,7 +82,10 @@ fn setup(tag: &str) -> Option<Setup> {
         return None;
     }
     let fx = HookFixture::new(tag).expect("fixture");
-    let bundle = fx.bundle("true").expect("bundle");
+    let mut bundle = fx.bundle("true").expect("bundle");
+    // The stand-in lives in the host's pid namespace; say so, as a hostPID
+    // container's config does, or the hook rightly refuses it.
+    bundle.set_namespace("pid", None);
     bundle.write().expect("config.json");
     Some(Setup {
         fx,

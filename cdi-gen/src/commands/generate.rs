@@ -23,6 +23,10 @@ pub struct GenerateArgs {
     /// Host path of the hook binary named in the spec.
     #[arg(long, value_name = "FILE", default_value = DEFAULT_HOOK_PATH)]
     pub hook_path: String,
+    /// `hook.toml` the hook reads, written into its args as `--config FILE`
+    /// (a node whose CDI or state directory is not the default needs one).
+    #[arg(long, value_name = "FILE")]
+    pub hook_config: Option<String>,
 }
 
 /// What `generate` did, for the caller to report.
@@ -44,10 +48,19 @@ pub fn run(args: &GenerateArgs) -> Result<Generated, CdiGenError> {
             reason: format!("{:?} is not an absolute path", args.hook_path),
         });
     }
+    if let Some(config) = &args.hook_config
+        && (!config.starts_with('/') || config.contains('\0'))
+    {
+        return Err(CdiGenError::Parse {
+            path: PathBuf::from("--hook-config"),
+            reason: format!("{config:?} is not an absolute path"),
+        });
+    }
     let facts = crate::discover_node(&args.node.driver_root, args.node.nvml_lib.as_deref())?;
     let hook = HookSettings {
         path: args.hook_path.clone(),
         env: vec![HOOK_PATH_ENV.to_owned()],
+        config: args.hook_config.clone(),
     };
     let spec = crate::static_spec(&facts, &hook)?;
     let text = writer::render(&spec, args.format)?;

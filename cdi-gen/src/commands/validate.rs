@@ -1,4 +1,6 @@
-//! `tessera-cdi validate FILE`: strict check of a spec file.
+//! `tessera-cdi validate FILE...`: strict check of spec files, CDI's rules
+//! plus the contract of Tessera's own kinds (a `tessera.io/alloc` spec must
+//! carry `TESSERA_ALLOC_ID` and both hook entries).
 
 use std::path::{Path, PathBuf};
 
@@ -9,20 +11,31 @@ use crate::CdiGenError;
 /// Arguments of `validate`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ValidateArgs {
-    /// Spec file (`.json`, `.yaml` or `.yml`).
-    pub file: PathBuf,
+    /// Spec files (`.json`, `.yaml` or `.yml`).
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
 }
 
 /// Specs larger than this are refused before parsing; real ones are a few KiB.
 const MAX_SPEC_BYTES: u64 = 16 << 20;
 
-/// Reads, parses (unknown fields rejected) and validates a spec file.
-pub fn run(args: &ValidateArgs) -> Result<Spec, CdiGenError> {
-    let spec = load(&args.file)?;
-    spec.validate().map_err(|problems| CdiGenError::Invalid {
-        path: args.file.clone(),
-        problems: problems.iter().map(ToString::to_string).collect(),
-    })?;
+/// Reads, parses (unknown fields rejected) and validates each file; every
+/// file is checked even after one fails. Returns each file's outcome in order.
+pub fn run(args: &ValidateArgs) -> Vec<(PathBuf, Result<Spec, CdiGenError>)> {
+    args.files
+        .iter()
+        .map(|file| (file.clone(), check(file)))
+        .collect()
+}
+
+/// Reads, parses and validates one spec file.
+pub fn check(file: &Path) -> Result<Spec, CdiGenError> {
+    let spec = load(file)?;
+    spec.validate_tessera()
+        .map_err(|problems| CdiGenError::Invalid {
+            path: file.to_owned(),
+            problems: problems.iter().map(ToString::to_string).collect(),
+        })?;
     Ok(spec)
 }
 

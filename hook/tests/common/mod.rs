@@ -121,6 +121,61 @@ impl Fixture {
         )
     }
 
+    /// Runs the hook the way runc runs a `createContainer` hook: as the child
+    /// of a stand-in container init that `unshare` puts in new mount and pid
+    /// namespaces, with the bundle's rootfs bind-mounted on itself and a procfs
+    /// under it, as the runtime leaves them (the host's `/proc` stays at
+    /// `/proc`). The state names `state_pid` (runc: 1). Returns the hook's
+    /// output and the stand-in init's host pid, which the hook must find.
+    pub fn run_inside(&self, verb: &str, id: &str, state_pid: Option<u32>) -> (Output, u32) {
+        let state_file = self.path(&format!("state-{id}.json"));
+        fs::write(&state_file, self.state(id, state_pid)).expect("state file");
+        let rootfs = self.path("bundle/rootfs");
+        fs::create_dir_all(rootfs.join("proc")).expect("rootfs/proc");
+        // `read < /proc/self/stat` is the shell itself (a builtin, no fork): its host pid.
+        let script = r#"set -e
+mount --make-rprivate /
+mount --bind "$1" "$1"
+mount -t proc proc "$1/proc"
+read -r host_pid rest < /proc/self/stat
+echo "INIT_HOST_PID=$host_pid" >&2
+set +e
+"$2" --config "$3" "$4" < "$5"
+rc=$?
+exit $rc
+"#;
+        let out = Command::new("unshare")
+            .args(["--mount", "--pid", "--fork", "--", "sh", "-c", script, "sh"])
+            .arg(&rootfs)
+            .arg(hook_binary())
+            .arg(self.path("hook.toml"))
+            .arg(verb)
+            .arg(&state_file)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .output()
+            .expect("running unshare (util-linux)");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let pid = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("INIT_HOST_PID="))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("the stand-in init did not start: {stderr}"));
+        let hook_stderr: String = stderr
+            .lines()
+            .filter(|l| !l.starts_with("INIT_HOST_PID="))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        (
+            Output {
+                status: out.status,
+                stdout: out.stdout,
+                stderr: hook_stderr.into_bytes(),
+            },
+            pid,
+        )
+    }
+
     /// Every file under the state dir, relative.
     pub fn state_files(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -172,12 +227,14 @@ pub fn config_json(annotations: Value, env: &[&str]) -> Value {
         "ociVersion": "1.0.2",
         "process": {"user": {"uid": 0, "gid": 0}, "args": ["/bin/sh"], "env": env, "cwd": "/"},
         "root": {"path": "rootfs"},
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
         "annotations": annotations,
         "linux": {"namespaces": [{"type": "mount"}, {"type": "pid"}]}
     })
 }
 
-/// A transient spec for `id` with one GPU node and spec-level control node.
+/// A complete transient spec for `id` (the contract: `TESSERA_ALLOC_ID` and
+/// both hook entries with env) with one GPU node and a spec-level control node.
 pub fn alloc_spec(id: &str, mounts: Value) -> Value {
     json!({
         "cdiVersion": "0.5.0",
@@ -194,7 +251,9 @@ pub fn alloc_spec(id: &str, mounts: Value) -> Value {
         "containerEdits": {
             "deviceNodes": [{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "permissions": "rw"}],
             "hooks": [{"hookName": "createContainer", "path": "/usr/bin/tessera-hook",
-                       "args": ["tessera-hook", "prestart"], "env": ["PATH=/usr/bin"]}]
+                       "args": ["tessera-hook", "prestart"], "env": ["PATH=/usr/bin"]},
+                      {"hookName": "poststop", "path": "/usr/bin/tessera-hook",
+                       "args": ["tessera-hook", "poststop"], "env": ["PATH=/usr/bin"]}]
         }
     })
 }

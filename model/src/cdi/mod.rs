@@ -6,7 +6,9 @@
 //! - [`version`]: known versions and the minimum version a spec needs;
 //! - [`validate`]: every problem of a spec, each naming its field;
 //! - [`merge`]: folding container edits the way runtimes apply them;
-//! - [`annotations`]: the `cdi.k8s.io/…` annotation form.
+//! - [`annotations`]: the `cdi.k8s.io/…` annotation form;
+//! - [`transient`]: what a `tessera.io/alloc` spec must carry for the hook
+//!   ([`Spec::validate_tessera`]).
 //!
 //! The rules follow the reference Go library, `tags.cncf.io/container-device-interface`
 //! (spec 1.1.0), which containerd, CRI-O and podman load specs with.
@@ -15,6 +17,7 @@ pub mod annotations;
 pub mod merge;
 pub mod name;
 pub mod spec;
+pub mod transient;
 pub mod validate;
 pub mod version;
 

@@ -42,10 +42,12 @@ pub struct SpecProblem {
 /// Total size limit of one annotation map, keys plus values, as in Kubernetes.
 pub const ANNOTATIONS_SIZE_LIMIT: usize = 256 * 1024;
 
-struct Problems(Vec<SpecProblem>);
+/// Problems gathered in document order.
+#[derive(Debug, Default)]
+pub(crate) struct Problems(pub(crate) Vec<SpecProblem>);
 
 impl Problems {
-    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(crate) fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push(SpecProblem {
             path: path.into(),
             message: message.into(),
