@@ -37,6 +37,8 @@ pub struct Container {
     pub init_pid: u32,
     /// The hook runs in the container's mount namespace (a `createContainer` hook).
     pub inside: bool,
+    /// The init's mount namespace, as the proof saw it.
+    pub mnt: NsId,
     /// `/proc/<init>`, pinned.
     pub proc: ProcessDir,
     /// The init's cgroups, read while proving it.
@@ -111,6 +113,7 @@ pub fn locate(
     Ok(Container {
         init_pid: proven.init_pid,
         inside: proven.inside,
+        mnt: view.facts.mnt,
         proc: cand_dir,
         cgroups: view.cgroups,
         cgroups_absolute,
@@ -354,58 +357,55 @@ pub struct Entered {
 
 /// Enters the init's mount namespace unless the hook is already in it.
 ///
-/// The target is the proven init's namespace, opened through its pinned
-/// `/proc/<pid>` fd, and is checked before and after the switch: never the
-/// hook's own (the host's, for a host-side hook), and afterwards the hook's.
+/// The target is opened through the init's pinned `/proc/<pid>` fd and must
+/// be the namespace the proof saw ([`Container::mnt`]) and not the hook's own
+/// (the host's, for a host-side hook); after the switch the hook must be in it.
 pub fn enter(procfs: &Procfs, container: &Container) -> Result<Entered> {
     let pid = container.init_pid;
     let err = |what: &str, e: std::io::Error| {
         HookError::apply(format!("{what} (container init {pid})"), e)
     };
-    let own_mnt = || -> Result<NsId> {
-        procfs
-            .process("self")
-            .and_then(|me| me.ns_id("mnt"))
+    let changed = || {
+        HookError::Refused(
+            "the container's mount namespace changed while the hook ran; nothing was injected"
+                .into(),
+        )
+    };
+    let me = procfs
+        .process("self")
+        .map_err(|e| err("opening /proc/self", e))?;
+    let own_mnt = || {
+        me.ns_id("mnt")
             .map_err(|e| err("reading /proc/self/ns/mnt", e))
     };
     let own = own_mnt()?;
-    let theirs = container
-        .proc
-        .ns_id("mnt")
-        .map_err(|e| err("reading the init's mount namespace", e))?;
-    if own == theirs {
-        if container.inside {
-            return Ok(Entered { host: None });
-        }
+    if container.inside {
+        return if own == container.mnt {
+            Ok(Entered { host: None })
+        } else {
+            Err(changed())
+        };
+    }
+    if own == container.mnt {
         return Err(HookError::Unsupported(
             "the container shares the host's mount namespace; tessera-hook will not inject devices into it".into(),
         ));
     }
-    if container.inside {
-        return Err(HookError::Refused(
-            "the container's mount namespace changed while the hook ran; nothing was injected"
-                .into(),
-        ));
-    }
-    let host = procfs
-        .open_link("self/ns/mnt", OFlags::RDONLY)
+    let host = me
+        .open_link("ns/mnt", OFlags::RDONLY)
         .map_err(|e| err("opening /proc/self/ns/mnt", e))?;
     let target = container
         .proc
         .open_link("ns/mnt", OFlags::RDONLY)
         .map_err(|e| err("opening the init's mount namespace", e))?;
-    if NsId::from_stat(&fstat(&target).map_err(|e| err("fstat of the init's mount namespace", e))?)
-        != theirs
-    {
-        return Err(HookError::Refused(
-            "the container init's mount namespace changed while the hook ran; nothing was injected"
-                .into(),
-        ));
+    let target_ns = fstat(&target).map_err(|e| err("fstat of the init's mount namespace", e))?;
+    if NsId::from_stat(&target_ns) != container.mnt {
+        return Err(changed());
     }
     rustix::thread::move_into_link_name_space(target.as_fd(), Some(LinkNameSpaceType::Mount))
         .map_err(|e| err("entering the container's mount namespace", e.into()))?;
     let entered = Entered { host: Some(host) };
-    if own_mnt()? != theirs {
+    if own_mnt()? != container.mnt {
         entered.leave()?;
         return Err(HookError::Refused(
             "after setns the hook is not in the container's mount namespace; nothing was injected"

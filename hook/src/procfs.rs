@@ -47,16 +47,6 @@ impl Procfs {
         read_text(&self.fd, rel, "")
     }
 
-    /// Opens `/proc/<rel>` following its magic link (`<pid>/root`, `<pid>/ns/mnt`).
-    pub fn open_link(&self, rel: &str, flags: OFlags) -> io::Result<OwnedFd> {
-        Ok(rustix::fs::openat(
-            &self.fd,
-            rel,
-            flags | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?)
-    }
-
     /// Opens `/proc/<pid>` (`self` allowed) as a directory fd: every later
     /// read through it concerns that very process, or fails with `ESRCH` once
     /// it is gone, even if its pid is reused meanwhile.

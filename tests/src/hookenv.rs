@@ -4,6 +4,7 @@
 //! hook's config file, and small C helpers (a static no-op hook, the
 //! NVIDIAScape library).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::{PermissionsExt, symlink};
@@ -433,6 +434,42 @@ pub fn probe_script(granted: &[ExpectedNode]) -> String {
          echo PROBE-DONE",
         nodes = nodes.join(" "),
     )
+}
+
+/// `/proc/<pid>/cgroup`, read here independently of the hook, as the binding's `cgroups` map (controllers joined
+/// with `,`, `""` for v2 → path) and the `cgroup` the contract picks: the v2
+/// path where the host uses v2 (a path other than `/`), else the `memory`
+/// controller's, else the v2 path, else the first.
+pub fn host_cgroups(pid: u32) -> Result<(BTreeMap<String, String>, String), String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map_err(|e| format!("/proc/{pid}/cgroup: {e}"))?;
+    let mut map = BTreeMap::new();
+    let mut v2 = None;
+    let mut memory = None;
+    let mut first = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(hierarchy), Some(controllers), Some(path)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        first.get_or_insert_with(|| path.to_owned());
+        if hierarchy == "0" && controllers.is_empty() {
+            v2 = Some(path.to_owned());
+        }
+        if controllers.split(',').any(|c| c == "memory") {
+            memory = Some(path.to_owned());
+        }
+        map.insert(controllers.to_owned(), path.to_owned());
+    }
+    let preferred = match (v2, memory) {
+        (Some(v2), _) if v2 != "/" => v2,
+        (_, Some(m)) => m,
+        (Some(v2), None) => v2,
+        (None, None) => first.unwrap_or_default(),
+    };
+    Ok((map, preferred))
 }
 
 /// The lines of `output` that start with `prefix` and a space, without it.

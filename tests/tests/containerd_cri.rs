@@ -29,7 +29,9 @@ use std::time::Instant;
 
 use serde_json::Value;
 use tessera_e2e::containerd::{self, ContainerSpec, Containerd, Options, PidMode, write_json};
-use tessera_e2e::hookenv::{ALLOC_ANNOTATION, HookFixture, hook_binary, probe_script};
+use tessera_e2e::hookenv::{
+    ALLOC_ANNOTATION, HookFixture, hook_binary, host_cgroups, probe_script,
+};
 use tessera_e2e::sentinel::{self, HostRootView, host_mount_points, mounts_under};
 
 /// One containerd at a time in this binary: the legacy cases compare the host's
@@ -191,42 +193,6 @@ fn transient_spec_problem(fx: &HookFixture, alloc_id: &str) -> Option<String> {
     })
 }
 
-/// `/proc/<pid>/cgroup` as the binding's `cgroups` map (controllers joined
-/// with `,`, `""` for v2 → path) and the `cgroup` the contract picks: the v2
-/// path where the host uses v2 (a path other than `/`), else the `memory`
-/// controller's, else the v2 path, else the first.
-fn cgroups_of(pid: u32) -> Result<(BTreeMap<String, String>, String), String> {
-    let text = fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .map_err(|e| format!("/proc/{pid}/cgroup: {e}"))?;
-    let mut map = BTreeMap::new();
-    let mut v2 = None;
-    let mut memory = None;
-    let mut first = None;
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(hierarchy), Some(controllers), Some(path)) =
-            (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        first.get_or_insert_with(|| path.to_owned());
-        if hierarchy == "0" && controllers.is_empty() {
-            v2 = Some(path.to_owned());
-        }
-        if controllers.split(',').any(|c| c == "memory") {
-            memory = Some(path.to_owned());
-        }
-        map.insert(controllers.to_owned(), path.to_owned());
-    }
-    let preferred = match (v2, memory) {
-        (Some(v2), _) if v2 != "/" => v2,
-        (_, Some(m)) => m,
-        (Some(v2), None) => v2,
-        (None, None) => first.unwrap_or_default(),
-    };
-    Ok((map, preferred))
-}
-
 /// The `NSpid` line of `/proc/<pid>/status`: the pid in each nested namespace.
 fn ns_pids(pid: u32) -> Vec<u32> {
     fs::read_to_string(format!("/proc/{pid}/status"))
@@ -272,7 +238,7 @@ fn binding_problems(fx: &HookFixture, alloc_id: &str, container_id: &str, pid: u
             ns_pids(pid)
         ));
     }
-    match cgroups_of(pid) {
+    match host_cgroups(pid) {
         Ok((map, preferred)) => {
             let recorded: Option<BTreeMap<String, String>> =
                 serde_json::from_value(record["cgroups"].clone()).ok();

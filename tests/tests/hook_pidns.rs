@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tessera_e2e::hookenv::{
-    ALLOC_ANNOTATION, ALLOC_ID, HookFixture, SCRATCH_BASE, hook_binary, probe_script,
+    ALLOC_ANNOTATION, ALLOC_ID, HookFixture, SCRATCH_BASE, hook_binary, host_cgroups, probe_script,
 };
 use tessera_e2e::oci::{Bundle, Container, HookEntry, Runtime, unique_id};
 use tessera_e2e::prerequisites;
@@ -100,30 +100,9 @@ fn set_pid_mode(bundle: &mut Bundle, mode: PidMode, pause_pid: u32) {
     bundle.set_namespace("pid", request);
 }
 
-/// The cgroup path a binding must name for `pid`, from `/proc/<pid>/cgroup`:
-/// the v2 path where the host uses v2, else the memory controller's.
+/// The cgroup path a binding must name for `pid`, read from `/proc/<pid>/cgroup`.
 fn expected_cgroup(pid: u32) -> String {
-    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
-    let mut v2 = None;
-    let mut memory = None;
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        if controllers.is_empty() {
-            v2 = Some(path.to_owned());
-        } else if controllers.split(',').any(|c| c == "memory") {
-            memory = Some(path.to_owned());
-        }
-    }
-    match (v2, memory) {
-        (Some(v2), _) if v2 != "/" => v2,
-        (_, Some(m)) => m,
-        (Some(v2), None) => v2,
-        (None, None) => panic!("no cgroup for pid {pid}: {text}"),
-    }
+    host_cgroups(pid).expect("the init's cgroups").1
 }
 
 /// NVIDIA nodes on the host side of a rootfs: legacy injection makes them in
