@@ -43,7 +43,8 @@ if [ -z "$uuid" ]; then
     echo "bench-vgpu: tessera-cuda-probe info printed no device.0.uuid" >&2
     exit 1
 fi
-mkdir -p "$work/accounting"
+mkdir -p -m 0755 "$work/accounting"
+install -m 0666 /dev/null "$work/accounting/vgpu.accounting"
 cat >"$work/vgpu.json" <<EOF
 {"version": 1,
  "devices": [{"uuid": "GPU-${uuid#GPU-}", "memoryLimitMiB": 65536}],

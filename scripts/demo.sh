@@ -75,7 +75,10 @@ step "a vGPU slice: 4096 MiB of the H100 for a CUDA program, enforced by libtess
 # limits file is what the device plugin will mount at /usr/local/tessera/vgpu.json;
 # on this host (no such file) TESSERA_VGPU_CONFIG names it instead.
 gpu0_uuid=$(jq -r '.gpus[0].uuid' "$node/run/tessera-sim/state.json")
-mkdir -p "$work/accounting"
+# The accounting directory and its (empty) region file, as tessera-hook
+# makes them: the directory root's 0755, the file 0666.
+mkdir -p -m 0755 "$work/accounting"
+install -m 0666 /dev/null "$work/accounting/vgpu.accounting"
 printf '{"version": 1, "devices": [{"uuid": "%s", "memoryLimitMiB": 4096}], "accountingDir": "%s"}\n' \
     "$gpu0_uuid" "$work/accounting" >"$work/vgpu.json"
 cat "$work/vgpu.json"

@@ -6,8 +6,15 @@
 //! <state_dir>/alloc/                     0755 root (created if missing)
 //! <state_dir>/alloc/<id>/                0700 root
 //! <state_dir>/alloc/<id>/binding.json    0644 root, written atomically (temp + rename; no fsync, see `write_atomic`)
-//! <state_dir>/alloc/<id>/accounting/     0770 <container uid>:<container gid> (host ids)
+//! <state_dir>/alloc/<id>/accounting/     0755 root
+//! <state_dir>/alloc/<id>/accounting/vgpu.accounting   0666 root, empty (the vGPU library fills it)
 //! ```
+//!
+//! The accounting directory is the container's `/var/run/tessera/`. It is
+//! root's and not writable by the workload, so no process of the container
+//! (running as any uid but the host's root) can unlink or replace the region
+//! file and split the container's budget; the file itself is writable by
+//! every uid of the container, which shares one budget.
 //!
 //! `binding.json` is removed at poststop, only when it still names the
 //! stopping container (a restarted container may already have replaced it).
@@ -16,9 +23,8 @@
 //! with the allocation.
 //!
 //! Every directory is opened with `O_DIRECTORY | O_NOFOLLOW` and checked on
-//! its fd (root-owned, not group- or world-writable, except `accounting`,
-//! which belongs to the container's user), and every entry is created relative
-//! to its parent's fd.
+//! its fd (root-owned, not group- or world-writable), and every entry is
+//! created relative to its parent's fd.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -29,6 +35,7 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 use tessera_model::alloc::AllocId;
+use tessera_model::vgpu::ACCOUNTING_FILE_NAME;
 
 use crate::error::{HookError, Result};
 use crate::fsutil::{fstat, read_bounded};
@@ -39,8 +46,11 @@ use crate::trust::ownership_problem;
 pub const BINDING_FILE: &str = "binding.json";
 /// The accounting directory's name inside the allocation directory.
 pub const ACCOUNTING_DIR: &str = "accounting";
-/// Mode of the accounting directory: the container's user and group may write.
-pub const ACCOUNTING_MODE: u32 = 0o770;
+/// Mode of the accounting directory: root's; the workload may not add,
+/// remove or replace entries.
+pub const ACCOUNTING_MODE: u32 = 0o755;
+/// Mode of the region file in it: every uid of the container shares it.
+pub const REGION_MODE: u32 = 0o666;
 
 /// What `binding.json` holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,6 +142,47 @@ fn ensure_dir(
     open_dir_at(parent, name)
 }
 
+/// Creates the empty region file in the accounting directory `acct` (or
+/// checks the one there: a regular file, which is given back to root with
+/// mode 0666 in case it was not).
+fn ensure_region(acct: &OwnedFd, journal: &mut Journal) -> io::Result<()> {
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let file = match rustix::fs::openat(
+        acct,
+        ACCOUNTING_FILE_NAME,
+        flags,
+        Mode::from_raw_mode(REGION_MODE),
+    ) {
+        Ok(file) => {
+            journal.push(Created::File {
+                parent: acct.try_clone()?,
+                name: ACCOUNTING_FILE_NAME.to_owned(),
+            });
+            file
+        }
+        Err(Errno::EXIST) => {
+            let file = rustix::fs::openat(
+                acct,
+                ACCOUNTING_FILE_NAME,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+                Mode::empty(),
+            )?;
+            if !rustix::fs::FileType::from_raw_mode(fstat(&file)?.st_mode).is_file() {
+                return Err(io::Error::other("not a regular file"));
+            }
+            file
+        }
+        Err(e) => return Err(e.into()),
+    };
+    rustix::fs::fchown(
+        &file,
+        Some(rustix::fs::Uid::ROOT),
+        Some(rustix::fs::Gid::ROOT),
+    )?;
+    rustix::fs::fchmod(&file, Mode::from_raw_mode(REGION_MODE))?;
+    Ok(())
+}
+
 impl AllocDirs {
     /// Opens `<state_dir>/alloc`; with `create`, makes `state_dir` (0755) and
     /// `alloc` (0755) when missing. `Ok(None)` when missing and not created.
@@ -163,16 +214,11 @@ impl AllocDirs {
         Ok(Some(AllocDirs { fd, path }))
     }
 
-    /// Creates (or opens) `alloc/<id>/` (0700 root) and its accounting
-    /// directory owned by `uid`:`gid` (host ids), mode 0770. Returns the
-    /// allocation directory's fd.
-    pub fn prepare(
-        &self,
-        id: &AllocId,
-        uid: u32,
-        gid: u32,
-        journal: &mut Journal,
-    ) -> Result<OwnedFd> {
+    /// Creates (or opens) `alloc/<id>/` (0700 root), its accounting
+    /// directory (0755 root; one a previous version made for the container's
+    /// user is taken back) and the empty region file in it (0666 root).
+    /// Returns the allocation directory's fd.
+    pub fn prepare(&self, id: &AllocId, journal: &mut Journal) -> Result<OwnedFd> {
         let dir_path = self.path.join(id.as_str());
         let io = |what: &Path, e: io::Error| HookError::apply(format!("{}", what.display()), e);
         let dir = ensure_dir(&self.fd, id.as_str(), 0o700, Some(journal))
@@ -183,12 +229,14 @@ impl AllocDirs {
             .map_err(|e| io(&acct_path, e))?;
         rustix::fs::fchown(
             &acct,
-            Some(rustix::fs::Uid::from_raw(uid)),
-            Some(rustix::fs::Gid::from_raw(gid)),
+            Some(rustix::fs::Uid::ROOT),
+            Some(rustix::fs::Gid::ROOT),
         )
         .map_err(|e| io(&acct_path, e.into()))?;
         rustix::fs::fchmod(&acct, Mode::from_raw_mode(ACCOUNTING_MODE))
             .map_err(|e| io(&acct_path, e.into()))?;
+        let region_path = acct_path.join(ACCOUNTING_FILE_NAME);
+        ensure_region(&acct, journal).map_err(|e| io(&region_path, e))?;
         Ok(dir)
     }
 

@@ -199,23 +199,18 @@ pub(crate) fn record_binding(
     let Context {
         config,
         state,
-        oci,
         container,
         ..
     } = *ctx;
     let pid = container.init_pid;
     let entries = &container.cgroups;
-    let user = oci.user();
-    let (uid, gid) = oci
-        .host_ids(user.uid, user.gid)
-        .map_err(HookError::Refused)?;
     let dirs = AllocDirs::open(&config.state_dir, true)?.ok_or_else(|| {
         HookError::apply(
             format!("state directory {}", config.state_dir.display()),
             std::io::Error::from(std::io::ErrorKind::NotFound),
         )
     })?;
-    let dir = dirs.prepare(id, uid, gid, journal)?;
+    let dir = dirs.prepare(id, journal)?;
     let binding = Binding {
         alloc_id: id.to_string(),
         container_id: state.id.clone(),

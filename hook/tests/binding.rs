@@ -69,7 +69,17 @@ fn applied_spec_is_bound_and_unbound() {
         fs::metadata(fx.path(&format!("state/alloc/{alloc}/accounting"))).expect("accounting");
     assert_eq!(
         (acct.uid(), acct.gid(), acct.mode() & 0o7777),
-        (1234, 4321, 0o770)
+        (0, 0, 0o755),
+        "the workload (uid 1234) cannot unlink or replace what is in it"
+    );
+    let region =
+        fs::symlink_metadata(fx.path(&format!("state/alloc/{alloc}/accounting/vgpu.accounting")))
+            .expect("region file");
+    assert!(region.file_type().is_file());
+    assert_eq!(
+        (region.uid(), region.len(), region.mode() & 0o7777),
+        (0, 0, 0o666),
+        "empty, root's, usable by every uid of the container"
     );
     let file = fs::metadata(&path).expect("binding");
     assert_eq!(file.mode() & 0o7777, 0o644);

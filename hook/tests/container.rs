@@ -168,7 +168,9 @@ ls -ln /dev/nvidia0 /dev/nvidiactl /dev/nvidia-caps/nvidia-cap12 | busybox awk '
 cat /usr/local/tessera/vgpu.json; \
 echo x 2>/dev/null > /usr/local/tessera/vgpu.json || echo vgpu.json-read-only; \
 cat /dev/nvidia0 2>&1 | busybox sed 's/.*: //'; \
-touch /var/run/tessera/mine && echo accounting-writable";
+test -w /var/run/tessera/vgpu.accounting && echo region-writable; \
+touch /var/run/tessera/mine 2>/dev/null || echo accounting-dir-read-only; \
+rm -f /var/run/tessera/vgpu.accounting 2>/dev/null || echo region-stays";
 
 fn host_files(fx: &Fixture) -> PathBuf {
     let host = fx.path("host");
@@ -223,7 +225,7 @@ fn legacy_injection_binds_and_unbinds_a_runc_container() {
     use std::os::unix::fs::MetadataExt;
     assert_eq!(
         (acct.uid(), acct.gid(), acct.mode() & 0o7777),
-        (1000, 1000, 0o770)
+        (0, 0, 0o755)
     );
 
     let output = run.start_and_wait();
@@ -235,7 +237,9 @@ fn legacy_injection_binds_and_unbinds_a_runc_container() {
          {\"memoryLimitMiB\":8000}\n\
          vgpu.json-read-only\n\
          No such device or address\n\
-         accounting-writable\n",
+         region-writable\n\
+         accounting-dir-read-only\n\
+         region-stays\n",
         "container output (opening the node reaches the driver: the cgroup allows it)"
     );
     // Nothing was made under the bundle's rootfs/dev on the host side.
@@ -247,9 +251,9 @@ fn legacy_injection_binds_and_unbinds_a_runc_container() {
         "poststop removes the binding record"
     );
     assert!(
-        fx.path(&format!("state/alloc/{alloc}/accounting/mine"))
+        fx.path(&format!("state/alloc/{alloc}/accounting/vgpu.accounting"))
             .exists(),
-        "accounting survives"
+        "the region survives the container"
     );
 }
 
@@ -351,7 +355,7 @@ fn a_create_container_hook_injects_from_inside_the_container() {
         "{output}"
     );
     assert!(
-        output.contains("vgpu.json-read-only") && output.contains("accounting-writable"),
+        output.contains("vgpu.json-read-only") && output.contains("region-writable"),
         "{output}"
     );
 }

@@ -28,6 +28,9 @@ pub struct Entry {
     /// The interception layer's tag (which API allocated it, and so which
     /// free path and counter it belongs to); opaque here.
     pub kind: u8,
+    /// What the allocation's life is bound to (a context, a pool), as the
+    /// interception layer names it; 0 for nothing. Opaque here.
+    pub owner: u64,
 }
 
 /// A device-pointer → [`Entry`] map, sharded for concurrent use.
@@ -183,14 +186,40 @@ impl AllocTable {
     /// pointer was already recorded (a free the layer missed: uncharge it).
     #[inline]
     pub fn insert(&self, ptr: u64, device: u32, bytes: u64, kind: u8) -> Option<Entry> {
-        self.shards[shard_of(ptr)].lock().insert(
+        self.insert_entry(
             ptr,
             Entry {
                 bytes,
                 device,
                 kind,
+                owner: 0,
             },
         )
+    }
+
+    /// [`AllocTable::insert`] with the whole entry (an owner).
+    #[inline]
+    pub fn insert_entry(&self, ptr: u64, entry: Entry) -> Option<Entry> {
+        self.shards[shard_of(ptr)].lock().insert(ptr, entry)
+    }
+
+    /// Takes out every entry `pred` selects (shard by shard) and returns
+    /// them: what a destroyed context or a reset device took with it. Walks
+    /// the whole table; for the rare teardown paths only.
+    pub fn drain(&self, mut pred: impl FnMut(u64, &Entry) -> bool) -> Vec<(u64, Entry)> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let mut map = shard.lock();
+            map.retain(|&ptr, entry| {
+                if pred(ptr, entry) {
+                    out.push((ptr, *entry));
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        out
     }
 
     /// Forgets an allocation and returns what was recorded, or `None` for a
@@ -323,6 +352,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn drain_takes_out_exactly_what_is_selected() {
+        let table = AllocTable::new();
+        for i in 0..100u64 {
+            table.insert_entry(
+                0x1000 + (i << 12),
+                Entry {
+                    bytes: i,
+                    device: 0,
+                    kind: 0,
+                    owner: i % 3,
+                },
+            );
+        }
+        let mut gone = table.drain(|_, e| e.owner == 1);
+        gone.sort_unstable_by_key(|(ptr, _)| *ptr);
+        assert_eq!(gone.len(), 33);
+        assert!(gone.iter().all(|(_, e)| e.owner == 1));
+        assert_eq!(table.len(), 67);
+        assert!(table.drain(|_, e| e.owner == 1).is_empty(), "once only");
+    }
+
+    #[test]
     fn insert_get_remove() {
         let table = AllocTable::new();
         assert!(table.is_empty());
@@ -332,7 +383,8 @@ mod tests {
             Some(Entry {
                 bytes: 4096,
                 device: 1,
-                kind: 2
+                kind: 2,
+                owner: 0
             })
         );
         let replaced = table.insert(0x7f00_0000_0000, 1, 8192, 2);

@@ -86,6 +86,11 @@ pub fn try_charge(region: &Region, slot: usize, bytes: u64, limit: u64) -> bool 
     region.try_charge(slot, bytes, limit)
 }
 
+/// Charges `bytes` to `slot` whatever the limit (memory the driver holds already).
+pub fn force_charge(region: &Region, slot: usize, bytes: u64) {
+    region.force_charge(slot, bytes);
+}
+
 /// Returns `bytes` to `slot`.
 #[inline]
 pub fn uncharge(region: &Region, slot: usize, bytes: u64) {
@@ -139,6 +144,10 @@ pub enum Kind {
     Array,
     /// `cuMipmappedArrayCreate` (a `CUmipmappedArray`).
     Mipmap,
+    /// A context's malloc heap (`cuCtxSetLimit`), keyed by the context.
+    Heap,
+    /// A context's own memory (its driver state), keyed by the context.
+    Context,
 }
 
 /// The separate handle spaces: device pointers, VMM handles, arrays and
@@ -154,6 +163,10 @@ pub enum Space {
     Array,
     /// `CUmipmappedArray`.
     Mipmap,
+    /// Contexts, for their malloc heaps.
+    Heap,
+    /// Contexts, for their own memory.
+    Context,
 }
 
 impl Kind {
@@ -164,6 +177,8 @@ impl Kind {
             Kind::Vmm => Space::Vmm,
             Kind::Array => Space::Array,
             Kind::Mipmap => Space::Mipmap,
+            Kind::Heap => Space::Heap,
+            Kind::Context => Space::Context,
         }
     }
 
@@ -180,6 +195,8 @@ impl Kind {
             Kind::Vmm,
             Kind::Array,
             Kind::Mipmap,
+            Kind::Heap,
+            Kind::Context,
         ]
         .get(usize::from(kind))
         .copied()
@@ -193,11 +210,14 @@ fn key(space: Space, handle: u64) -> u64 {
         Space::Vmm => 1,
         Space::Array => 2,
         Space::Mipmap => 3,
+        Space::Heap => 4,
+        Space::Context => 5,
     };
     handle ^ (tag << 61)
 }
 
-/// A live allocation: where it was charged, how much, what it is.
+/// A live allocation: where it was charged, how much, what it is, and
+/// what its life is bound to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tracked {
     /// Slot charged.
@@ -206,6 +226,9 @@ pub struct Tracked {
     pub bytes: u64,
     /// What it is.
     pub kind: Kind,
+    /// The context it belongs to (context-bound kinds), or the pool
+    /// (stream-ordered allocations); 0 when unknown.
+    pub owner: u64,
 }
 
 /// Records a charged allocation under its handle; returns the record it
@@ -214,11 +237,14 @@ pub struct Tracked {
 #[inline]
 pub fn track(handle: u64, tracked: Tracked) -> Option<Tracked> {
     alloc_table::global()
-        .insert(
+        .insert_entry(
             key(tracked.kind.space(), handle),
-            u32::try_from(tracked.slot).unwrap_or(u32::MAX),
-            tracked.bytes,
-            tracked.kind.to_table(),
+            alloc_table::Entry {
+                device: u32::try_from(tracked.slot).unwrap_or(u32::MAX),
+                bytes: tracked.bytes,
+                kind: tracked.kind.to_table(),
+                owner: tracked.owner,
+            },
         )
         .map(from_entry)
 }
@@ -228,7 +254,25 @@ fn from_entry(e: alloc_table::Entry) -> Tracked {
         slot: e.device as usize,
         bytes: e.bytes,
         kind: Kind::from_table(e.kind),
+        owner: e.owner,
     }
+}
+
+/// Takes out every record `pred` selects: what a destroyed context or a
+/// reset device took with it.
+pub fn untrack_where(mut pred: impl FnMut(&Tracked) -> bool) -> Vec<Tracked> {
+    alloc_table::global()
+        .drain(|_, e| pred(&from_entry(*e)))
+        .into_iter()
+        .map(|(_, e)| from_entry(e))
+        .collect()
+}
+
+/// The record of `handle` in `space`, left in the table.
+pub fn lookup(space: Space, handle: u64) -> Option<Tracked> {
+    alloc_table::global()
+        .get(key(space, handle))
+        .map(from_entry)
 }
 
 /// Takes the record of `handle` in `space` out of the table, if any.

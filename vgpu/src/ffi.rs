@@ -47,6 +47,8 @@ use crate::memory::{self, OUT_OF_MEMORY, SUCCESS};
 use crate::names::{HOOK_COUNT, Hook, PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
 use crate::runtime::{self, Platform};
 
+use lifetimes::*;
+
 // ---------------------------------------------------------------------------
 // C types and constants (cuda.h, nvml.h)
 
@@ -243,6 +245,7 @@ type FnLaunchCooperativeKernel = unsafe extern "C" fn(
 ) -> CUresult;
 type FnGraphLaunch = unsafe extern "C" fn(Handle, Handle) -> CUresult;
 type FnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+type FnCtxGetCurrent = unsafe extern "C" fn(*mut Handle) -> CUresult;
 type FnDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
 type FnDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult;
 type FnMemAdvise = unsafe extern "C" fn(CUdeviceptr, usize, c_int, CUdevice) -> CUresult;
@@ -423,6 +426,25 @@ fn wrapper(hook: Hook) -> *mut c_void {
         Hook::MemAllocFromPoolAsyncPtsz => ptr!(cuMemAllocFromPoolAsync_ptsz),
         Hook::MemFreeAsync => ptr!(cuMemFreeAsync),
         Hook::MemFreeAsyncPtsz => ptr!(cuMemFreeAsync_ptsz),
+        Hook::MemMap => ptr!(cuMemMap),
+        Hook::MemUnmap => ptr!(cuMemUnmap),
+        Hook::MemAddressFree => ptr!(cuMemAddressFree),
+        Hook::MemRetainAllocationHandle => ptr!(cuMemRetainAllocationHandle),
+        Hook::MemImportFromShareableHandle => ptr!(cuMemImportFromShareableHandle),
+        Hook::MemExportToShareableHandle => ptr!(cuMemExportToShareableHandle),
+        Hook::MemPoolCreate => ptr!(cuMemPoolCreate),
+        Hook::MemPoolDestroy => ptr!(cuMemPoolDestroy),
+        Hook::MemPoolTrimTo => ptr!(cuMemPoolTrimTo),
+        Hook::CtxCreateV2 => ptr!(cuCtxCreate_v2),
+        Hook::CtxCreateV3 => ptr!(cuCtxCreate_v3),
+        Hook::CtxCreateV4 => ptr!(cuCtxCreate_v4),
+        Hook::CtxDestroyV2 => ptr!(cuCtxDestroy_v2),
+        Hook::DevicePrimaryCtxRetain => ptr!(cuDevicePrimaryCtxRetain),
+        Hook::DevicePrimaryCtxRelease => ptr!(cuDevicePrimaryCtxRelease),
+        Hook::DevicePrimaryCtxReleaseV2 => ptr!(cuDevicePrimaryCtxRelease_v2),
+        Hook::DevicePrimaryCtxReset => ptr!(cuDevicePrimaryCtxReset),
+        Hook::DevicePrimaryCtxResetV2 => ptr!(cuDevicePrimaryCtxReset_v2),
+        Hook::CtxSetLimit => ptr!(cuCtxSetLimit),
         Hook::ArrayCreate => ptr!(cuArrayCreate),
         Hook::ArrayCreateV2 => ptr!(cuArrayCreate_v2),
         Hook::Array3DCreate => ptr!(cuArray3DCreate),
@@ -517,6 +539,26 @@ fn current_device() -> Option<i32> {
     (unsafe { f(&mut device) } == SUCCESS).then_some(device)
 }
 
+static CTX_GET_CURRENT: Internal = Internal::cuda(c"cuCtxGetCurrent");
+
+/// The calling thread's current context (`cuCtxGetCurrent`), as a number;
+/// 0 when none (or unknown).
+fn current_context() -> u64 {
+    let p = CTX_GET_CURRENT.get();
+    if p.is_null() {
+        return 0;
+    }
+    // SAFETY: p is the driver's cuCtxGetCurrent.
+    let f = unsafe { std::mem::transmute::<*mut c_void, FnCtxGetCurrent>(p) };
+    let mut ctx: Handle = null_mut();
+    // SAFETY: ctx is a valid out-pointer.
+    if unsafe { f(&mut ctx) } == SUCCESS {
+        ctx as usize as u64
+    } else {
+        0
+    }
+}
+
 /// Devices the process sees (`cuDeviceGetCount`), once the driver told.
 static DEVICE_COUNT: AtomicI32 = AtomicI32::new(-1);
 
@@ -574,6 +616,17 @@ static PLATFORM: CudaPlatform = CudaPlatform;
 /// The real driver, as the runtime sees it.
 pub fn platform() -> &'static dyn Platform {
     &PLATFORM
+}
+
+/// Brings this process's pool ledgers in line with the driver (a refused
+/// charge may fit once they gave back what a synchronisation released).
+pub fn reconcile_pools(rt: &runtime::Runtime) -> u64 {
+    let pools = crate::pools::global();
+    if pools.any() {
+        pools.reconcile_if_idle(rt, &lifetimes::CudaPools)
+    } else {
+        0
+    }
 }
 
 /// Asks the driver to keep an oversubscribed (managed) allocation in host
@@ -663,7 +716,8 @@ fn protect(
     }
 }
 
-/// An allocation charged to the slice of device `ordinal()`.
+/// An allocation charged to the slice of device `ordinal()`, owned by the
+/// current context.
 fn tracked_alloc(
     hook: Hook,
     kind: Kind,
@@ -679,22 +733,47 @@ fn tracked_alloc(
             if !rt.enforcing() {
                 return driver.call(&call);
             }
-            memory::allocate(rt, hook.symbol(), ordinal(), bytes, kind, || {
-                match driver.call(&call) {
+            let owner = current_context();
+            memory::allocate(
+                rt,
+                hook.symbol(),
+                ordinal(),
+                bytes,
+                kind,
+                owner,
+                || match driver.call(&call) {
                     SUCCESS => Ok(handle()),
                     rc => Err(rc),
-                }
-            })
+                },
+            )
         },
         &call,
     )
 }
 
-/// A free of `handle` in `space`.
+/// A free of `handle` in `space` (a stream-ordered allocation goes back
+/// to its pool's ledger).
 fn tracked_free(hook: Hook, space: Space, handle: u64, call: impl Fn() -> CUresult) -> CUresult {
     protect(
         hook,
-        |driver| memory::release(runtime::global(), space, handle, || driver.call(&call)),
+        |driver| {
+            let rt = runtime::global();
+            memory::release(
+                rt,
+                space,
+                handle,
+                || driver.call(&call),
+                |tracked, free| {
+                    crate::pools::global().release(
+                        rt,
+                        &lifetimes::CudaPools,
+                        handle,
+                        tracked,
+                        || driver.call(&mut *free),
+                    )
+                },
+            )
+        },
         &call,
     )
 }
@@ -728,6 +807,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
                 rt,
                 target_device(),
                 bytesize as u64,
+                current_context(),
                 || match driver.call(call) {
                     // SAFETY: dptr is non-null; the driver wrote the pointer on success.
                     SUCCESS => Ok(unsafe { dptr.read_unaligned() }),
@@ -838,6 +918,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
             memory::allocate_pitch(
                 rt,
                 target_device(),
+                current_context(),
                 width as u64,
                 height as u64,
                 || match driver.call(call) {
@@ -891,6 +972,7 @@ pub unsafe extern "C" fn cuMemAllocPitch(
             memory::allocate_pitch(
                 rt,
                 target_device(),
+                current_context(),
                 u64::from(width),
                 u64::from(height),
                 || match driver.call(call) {
@@ -914,115 +996,6 @@ pub unsafe extern "C" fn cuMemAllocPitch(
         call,
     )
 }
-
-/// `cuMemCreate` (virtual memory management): counted to the device the
-/// allocation's location names; host locations are not counted.
-///
-/// # Safety
-/// As the driver's `cuMemCreate`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemCreate(
-    handle: *mut u64,
-    size: usize,
-    prop: *const CuMemAllocationProp,
-    flags: u64,
-) -> CUresult {
-    let Some(real) = real!(MemCreate as FnMemCreate) else {
-        return missing(Hook::MemCreate);
-    };
-    // SAFETY: the caller's arguments, unchanged.
-    let call = || unsafe { real(handle, size, prop, flags) };
-    if handle.is_null() || prop.is_null() {
-        return call();
-    }
-    // SAFETY: prop is non-null and points to the caller's CUmemAllocationProp.
-    let location = unsafe { std::ptr::addr_of!((*prop).location).read_unaligned() };
-    if location.kind != CU_MEM_LOCATION_TYPE_DEVICE {
-        return call();
-    }
-    tracked_alloc(
-        Hook::MemCreate,
-        Kind::Vmm,
-        size as u64,
-        || Some(location.id),
-        call,
-        // SAFETY: handle is non-null; written on success.
-        || unsafe { handle.read_unaligned() },
-    )
-}
-
-macro_rules! alloc_async {
-    ($name:ident, $hook:ident) => {
-        /// Stream-ordered allocation: counted to the current device.
-        ///
-        /// # Safety
-        /// As the driver's function of the same name.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            dptr: *mut CUdeviceptr,
-            bytesize: usize,
-            stream: Handle,
-        ) -> CUresult {
-            let Some(real) = real!($hook as FnMemAllocAsync) else {
-                return missing(Hook::$hook);
-            };
-            // SAFETY: the caller's arguments, unchanged.
-            let call = || unsafe { real(dptr, bytesize, stream) };
-            if dptr.is_null() {
-                return call();
-            }
-            tracked_alloc(
-                Hook::$hook,
-                Kind::Async,
-                bytesize as u64,
-                target_device,
-                call,
-                // SAFETY: dptr is non-null; written on success.
-                || unsafe { dptr.read_unaligned() },
-            )
-        }
-    };
-}
-
-alloc_async!(cuMemAllocAsync, MemAllocAsync);
-alloc_async!(cuMemAllocAsync_ptsz, MemAllocAsyncPtsz);
-
-macro_rules! alloc_from_pool {
-    ($name:ident, $hook:ident) => {
-        /// Stream-ordered allocation from a pool: counted to the current device.
-        ///
-        /// # Safety
-        /// As the driver's function of the same name.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            dptr: *mut CUdeviceptr,
-            bytesize: usize,
-            pool: Handle,
-            stream: Handle,
-        ) -> CUresult {
-            let Some(real) = real!($hook as FnMemAllocFromPoolAsync) else {
-                return missing(Hook::$hook);
-            };
-            // SAFETY: the caller's arguments, unchanged.
-            let call = || unsafe { real(dptr, bytesize, pool, stream) };
-            if dptr.is_null() {
-                return call();
-            }
-            tracked_alloc(
-                Hook::$hook,
-                Kind::Async,
-                bytesize as u64,
-                target_device,
-                call,
-                // SAFETY: dptr is non-null; written on success.
-                || unsafe { dptr.read_unaligned() },
-            )
-        }
-    };
-}
-
-alloc_from_pool!(cuMemAllocFromPoolAsync, MemAllocFromPoolAsync);
-alloc_from_pool!(cuMemAllocFromPoolAsync_ptsz, MemAllocFromPoolAsyncPtsz);
 
 fn array_alloc(
     hook: Hook,
@@ -1228,43 +1201,6 @@ pub unsafe extern "C" fn cuMemFree(dptr: c_uint) -> CUresult {
     })
 }
 
-macro_rules! free_async {
-    ($name:ident, $hook:ident) => {
-        /// Stream-ordered free: gives the charge back when enqueued.
-        ///
-        /// # Safety
-        /// As the driver's function of the same name.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(dptr: CUdeviceptr, stream: Handle) -> CUresult {
-            let Some(real) = real!($hook as FnMemFreeAsync) else {
-                return missing(Hook::$hook);
-            };
-            // SAFETY: the caller's arguments, unchanged.
-            tracked_free(Hook::$hook, Space::Pointer, dptr, || unsafe {
-                real(dptr, stream)
-            })
-        }
-    };
-}
-
-free_async!(cuMemFreeAsync, MemFreeAsync);
-free_async!(cuMemFreeAsync_ptsz, MemFreeAsyncPtsz);
-
-/// `cuMemRelease`: gives a VMM allocation's charge back.
-///
-/// # Safety
-/// As the driver's `cuMemRelease`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CUresult {
-    let Some(real) = real!(MemRelease as FnMemRelease) else {
-        return missing(Hook::MemRelease);
-    };
-    // SAFETY: the caller's argument, unchanged.
-    tracked_free(Hook::MemRelease, Space::Vmm, handle, || unsafe {
-        real(handle)
-    })
-}
-
 /// `cuArrayDestroy`: gives an array's charge back.
 ///
 /// # Safety
@@ -1336,10 +1272,17 @@ fn mem_info<T: TryFrom<u64> + Copy>(
 }
 
 /// The current device's slice as (free, total) when a limit applies to it.
+/// Pools may have given memory back at a synchronisation the library does
+/// not see: their ledgers are brought up to date first (only when the
+/// process has used a pool).
 fn current_slice() -> Option<(u64, u64)> {
     let rt = runtime::global();
     if !rt.enforcing() {
         return None;
+    }
+    let pools = crate::pools::global();
+    if pools.any() {
+        pools.reconcile_if_idle(rt, &lifetimes::CudaPools);
     }
     current_device().and_then(|o| memory::slice(rt, o))
 }
@@ -1714,6 +1657,78 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     )
 }
 
+/// glibc's `dlopen`, found once (null until then).
+#[cfg(all(target_arch = "x86_64", not(test)))]
+static REAL_DLOPEN: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+
+#[cfg(all(target_arch = "x86_64", not(test)))]
+unsafe extern "C" fn no_dlopen(_file: *const c_char, _flags: c_int) -> *mut c_void {
+    null_mut()
+}
+
+/// `RTLD_DEEPBIND`.
+#[cfg(all(target_arch = "x86_64", not(test)))]
+const RTLD_DEEPBIND: c_int = 0x8;
+
+/// The flags the exported `dlopen` passes on: without `RTLD_DEEPBIND`
+/// while limits are in force. A library loaded with it binds its own
+/// dependencies first — libc's `dlsym` and libcuda's functions, past this
+/// library — so a plugin loaded that way would reach the driver unseen.
+/// Also makes sure the real `dlopen` is known.
+#[cfg(all(target_arch = "x86_64", not(test)))]
+extern "C" fn dlopen_flags(_file: *const c_char, flags: c_int) -> c_int {
+    if REAL_DLOPEN.load(Ordering::Acquire).is_null() {
+        let p = [c"GLIBC_2.34", c"GLIBC_2.2.5"]
+            .iter()
+            // SAFETY: dlvsym with valid NUL-terminated strings; RTLD_NEXT
+            // asks for the definition after this library (libc's).
+            .map(|version| unsafe { libc::dlvsym(RTLD_NEXT, c"dlopen".as_ptr(), version.as_ptr()) })
+            .find(|p| !p.is_null())
+            .unwrap_or(no_dlopen as *mut c_void);
+        REAL_DLOPEN.store(p, Ordering::Release);
+    }
+    if flags & RTLD_DEEPBIND == 0 {
+        return flags;
+    }
+    let strip = catch_unwind(|| runtime::global().enforcing()).unwrap_or(false);
+    if !strip {
+        return flags;
+    }
+    static DEEPBIND: Once = Once::new();
+    log::once(&DEEPBIND, Level::Info, || {
+        "a library was loaded with RTLD_DEEPBIND; loaded without it, so that its \
+         driver calls are counted"
+            .to_string()
+    });
+    flags & !RTLD_DEEPBIND
+}
+
+/// `dlopen`, exported: drops `RTLD_DEEPBIND` (see `dlopen_flags`), then a
+/// tail jump to the real `dlopen` with the caller's return address intact
+/// (glibc finds the caller's search path, `$ORIGIN` and RUNPATH, by it).
+///
+/// # Safety
+/// As glibc's `dlopen`.
+#[cfg(all(target_arch = "x86_64", not(test)))]
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlopen(file: *const c_char, flags: c_int) -> *mut c_void {
+    // As in `dlsym`: the stack is 16-byte aligned at the call.
+    core::arch::naked_asm!(
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {flags}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "mov esi, eax",
+        "jmp qword ptr [rip + {real}]",
+        flags = sym dlopen_flags,
+        real = sym REAL_DLOPEN,
+    )
+}
+
 /// `dlsym`, exported (portable version: lookups by other libraries with
 /// `RTLD_NEXT` resolve relative to this library).
 ///
@@ -1931,6 +1946,9 @@ impl limiter::UtilSource for NvmlSource {
     }
 }
 
+// After the macros above: the lifetime wrappers (VMM, pools, contexts) use them.
+mod lifetimes;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1949,6 +1967,11 @@ mod tests {
         assert_eq!(size_of::<NvmlMemory>(), 24);
         assert_eq!(size_of::<NvmlMemoryV2>(), 40);
         assert_eq!(size_of::<NvmlProcessUtilizationSample>(), 32);
+        assert_eq!(
+            lifetimes::layouts(),
+            (88, 24),
+            "CUmemPoolProps, nvmlProcessInfo_t"
+        );
     }
 
     #[test]

@@ -29,13 +29,20 @@
 //!
 //! - **Memory** ([`memory`]): every allocation API charges the container's
 //!   budget for the device *before* calling the driver, and gives it back
-//!   if the driver fails or when the allocation is freed (an O(1) table
-//!   lookup). Over the limit: `CUDA_ERROR_OUT_OF_MEMORY`, the driver never
-//!   called. `cuMemGetInfo_v2`, `cuDeviceTotalMem_v2` and NVML's
+//!   if the driver fails or when the driver has really freed it (an O(1)
+//!   table lookup). Over the limit: `CUDA_ERROR_OUT_OF_MEMORY`, the driver
+//!   never called. `cuMemGetInfo_v2`, `cuDeviceTotalMem_v2` and NVML's
 //!   `nvmlDeviceGetMemoryInfo[_v2]` report the slice.
+//! - **Lifetimes**: VMM memory counts while a handle reference or a mapping
+//!   remains ([`vmm`]); a stream-ordered pool is charged for what it holds,
+//!   not what is allocated from it ([`pools`]); a destroyed, released or
+//!   reset context gives back what it held, and its own memory and malloc
+//!   heap are counted ([`contexts`]).
 //! - **One budget per container**: usage lives in a shared, crash-safe
-//!   region; a failed charge reclaims what dead processes left and retries
-//!   once.
+//!   region the node side creates ([`accounting`]); slots are owned through
+//!   locks the kernel drops at exit in any pid namespace; a failed charge
+//!   reclaims what dead processes left and retries once. A region that cannot
+//!   be opened fails closed.
 //! - **Compute** ([`limiter`]): a token bucket per device, refilled at a
 //!   rate set by a feedback controller from NVML's per-process SM
 //!   utilization; kernel and graph launches wait for tokens.
@@ -47,8 +54,8 @@
 //!
 //! Every exported function catches panics; an internal failure prints one
 //! line (`tessera-vgpu: …`, per [`log`] level) and the call passes through.
-//! The exception is a malformed authoritative limits file, which fails
-//! closed (see [`runtime`]). Without an SM limit, `cuLaunchKernel` costs one
+//! The exceptions are a malformed authoritative limits file and a region
+//! that cannot be opened, which fail closed (see [`runtime`]). Without an SM limit, `cuLaunchKernel` costs one
 //! relaxed atomic load and a tail call.
 
 pub mod accounting;
@@ -56,9 +63,12 @@ pub mod alloc_table;
 pub mod arrays;
 mod backend;
 pub mod config;
+pub mod contexts;
 mod ffi;
 pub mod limiter;
 pub mod log;
 pub mod memory;
 pub mod names;
+pub mod pools;
 pub mod runtime;
+pub mod vmm;

@@ -42,15 +42,24 @@ fn denied(what: &str, bytes: u64, ordinal: i32, limit: u64, rt: &Runtime, slot: 
 /// An allocation of `bytes` on CUDA device `ordinal` (`None`: unknown, e.g.
 /// no current context; the driver decides alone). `driver` performs it and
 /// returns the new handle.
+/// `owner` is the context the allocation belongs to (0: none known).
 pub fn allocate(
     rt: &Runtime,
     what: &str,
     ordinal: Option<i32>,
     bytes: u64,
     kind: Kind,
+    owner: u64,
     driver: impl FnOnce() -> Result<u64, CuResult>,
 ) -> CuResult {
-    allocate_or_fall_back(rt, what, ordinal, bytes, kind, driver, None::<fn() -> _>)
+    allocate_or_fall_back(
+        rt,
+        what,
+        ordinal,
+        (bytes, kind, owner),
+        driver,
+        None::<fn() -> _>,
+    )
 }
 
 /// [`allocate`] for `cuMemAlloc_v2`: when the device is physically full
@@ -61,6 +70,7 @@ pub fn allocate_device(
     rt: &Runtime,
     ordinal: Option<i32>,
     bytes: u64,
+    owner: u64,
     driver: impl FnOnce() -> Result<u64, CuResult>,
     managed: impl FnOnce() -> Result<u64, CuResult>,
 ) -> CuResult {
@@ -69,8 +79,7 @@ pub fn allocate_device(
         rt,
         "cuMemAlloc",
         ordinal,
-        bytes,
-        Kind::Device,
+        (bytes, Kind::Device, owner),
         driver,
         fallback,
     )
@@ -80,8 +89,7 @@ fn allocate_or_fall_back(
     rt: &Runtime,
     what: &str,
     ordinal: Option<i32>,
-    bytes: u64,
-    kind: Kind,
+    (bytes, kind, owner): (u64, Kind, u64),
     driver: impl FnOnce() -> Result<u64, CuResult>,
     fallback: Option<impl FnOnce() -> Result<u64, CuResult>>,
 ) -> CuResult {
@@ -110,6 +118,7 @@ fn allocate_or_fall_back(
                     slot: device.slot,
                     bytes,
                     kind,
+                    owner,
                 },
             );
             SUCCESS
@@ -129,6 +138,7 @@ fn allocate_or_fall_back(
 pub fn allocate_pitch(
     rt: &Runtime,
     ordinal: Option<i32>,
+    owner: u64,
     width: u64,
     height: u64,
     driver: impl FnOnce() -> Result<(u64, u64), CuResult>,
@@ -171,6 +181,7 @@ pub fn allocate_pitch(
             slot: device.slot,
             bytes: actual,
             kind: Kind::Device,
+            owner,
         },
     );
     SUCCESS
@@ -185,17 +196,26 @@ fn record(rt: &Runtime, handle: u64, tracked: Tracked) {
 }
 
 /// A free of `handle` in `space`: the charge is given back once the driver
-/// freed it. O(1): one table removal.
+/// freed it. O(1): one table removal. A stream-ordered allocation (freed
+/// with `cuMemFree` or `cuMemFreeAsync`) goes back to its pool, whose
+/// ledger `pooled` updates (it makes the driver call itself).
 pub fn release(
     rt: &Runtime,
     space: Space,
     handle: u64,
     driver: impl FnOnce() -> CuResult,
+    pooled: impl FnOnce(Tracked, &mut dyn FnMut() -> CuResult) -> CuResult,
 ) -> CuResult {
     if !rt.enforcing() {
         return driver();
     }
     let tracked = backend::untrack(space, handle);
+    if let Some(t) = tracked
+        && t.kind == Kind::Async
+    {
+        let mut driver = Some(driver);
+        return pooled(t, &mut || driver.take().map_or(SUCCESS, |d| d()));
+    }
     let rc = driver();
     if let Some(tracked) = tracked {
         if rc == SUCCESS {
@@ -220,28 +240,52 @@ pub fn slice(rt: &Runtime, ordinal: i32) -> Option<(u64, u64)> {
 mod tests {
     use super::*;
     use crate::runtime::Mode;
-    use crate::runtime::tests::{FakePlatform, NO_REGION, limits_by_uuid};
+    use crate::runtime::tests::{FakePlatform, TestRegion, limits_by_uuid, test_region};
     use std::cell::Cell;
 
     static ONE: FakePlatform = FakePlatform(&["GPU-0"]);
 
+    fn no_pool(_: Tracked, _: &mut dyn FnMut() -> CuResult) -> CuResult {
+        panic!("not a stream-ordered allocation")
+    }
+
+    /// A runtime with its region (removed on drop).
+    struct Limited {
+        rt: Runtime,
+        _region: TestRegion,
+    }
+
+    impl std::ops::Deref for Limited {
+        type Target = Runtime;
+        fn deref(&self) -> &Runtime {
+            &self.rt
+        }
+    }
+
     /// Device 0 with a 0-byte limit: enough to pin the order of operations.
-    fn closed() -> Runtime {
+    fn closed() -> Limited {
         limited(0)
     }
 
-    fn limited(bytes: u64) -> Runtime {
-        Runtime::new(
-            Mode::Enforce(limits_by_uuid(&[("GPU-0", Some(bytes), None)], NO_REGION)),
-            &ONE,
-        )
+    fn limited(bytes: u64) -> Limited {
+        let region = test_region();
+        Limited {
+            rt: Runtime::new(
+                Mode::Enforce(limits_by_uuid(
+                    &[("GPU-0", Some(bytes), None)],
+                    &region.path,
+                )),
+                &ONE,
+            ),
+            _region: region,
+        }
     }
 
     #[test]
     fn over_the_limit_the_driver_is_never_called() {
         let rt = closed();
         let called = Cell::new(false);
-        let rc = allocate(&rt, "test", Some(0), 1, Kind::Device, || {
+        let rc = allocate(&rt, "test", Some(0), 1, Kind::Device, 0, || {
             called.set(true);
             Ok(1)
         });
@@ -253,11 +297,11 @@ mod tests {
     fn without_a_device_the_driver_decides() {
         let rt = closed();
         assert_eq!(
-            allocate(&rt, "test", None, 1 << 40, Kind::Device, || Err(201)),
+            allocate(&rt, "test", None, 1 << 40, Kind::Device, 0, || Err(201)),
             201
         );
         assert_eq!(
-            allocate(&rt, "test", None, 1 << 40, Kind::Device, || Ok(7)),
+            allocate(&rt, "test", None, 1 << 40, Kind::Device, 0, || Ok(7)),
             SUCCESS
         );
     }
@@ -268,7 +312,7 @@ mod tests {
         let dev = rt.device(0).expect("device").clone();
         // Zero bytes fit a zero limit; the driver fails.
         assert_eq!(
-            allocate(&rt, "test", Some(0), 0, Kind::Device, || Err(1)),
+            allocate(&rt, "test", Some(0), 0, Kind::Device, 0, || Err(1)),
             1
         );
         assert_eq!(rt.used(dev.slot), 0);
@@ -279,10 +323,10 @@ mod tests {
         let rt = closed();
         let handle = 0xdead_0000;
         assert_eq!(
-            allocate(&rt, "test", Some(0), 0, Kind::Array, || Ok(handle)),
+            allocate(&rt, "test", Some(0), 0, Kind::Array, 0, || Ok(handle)),
             SUCCESS
         );
-        assert_eq!(release(&rt, Space::Array, handle, || 1), 1);
+        assert_eq!(release(&rt, Space::Array, handle, || 1, no_pool), 1);
         assert!(
             backend::untrack(Space::Array, handle).is_some(),
             "record put back"
@@ -300,6 +344,7 @@ mod tests {
         let rc = allocate_pitch(
             &rt,
             Some(0),
+            0,
             100,
             10,
             || Ok((1, 512)),
@@ -314,11 +359,14 @@ mod tests {
         let rt = limited(1000);
         assert_eq!(slice(&rt, 0), Some((1000, 1000)));
         assert_eq!(
-            allocate(&rt, "test", Some(0), 300, Kind::Managed, || Ok(0x5100)),
+            allocate(&rt, "test", Some(0), 300, Kind::Managed, 0, || Ok(0x5100)),
             SUCCESS
         );
         assert_eq!(slice(&rt, 0), Some((700, 1000)));
-        assert_eq!(release(&rt, Space::Pointer, 0x5100, || SUCCESS), SUCCESS);
+        assert_eq!(
+            release(&rt, Space::Pointer, 0x5100, || SUCCESS, no_pool),
+            SUCCESS
+        );
         assert_eq!(slice(&rt, 0), Some((1000, 1000)));
         let pass = Runtime::new(Mode::PassThrough, &ONE);
         assert_eq!(slice(&pass, 0), None);
@@ -328,10 +376,13 @@ mod tests {
     fn pitch_is_charged_as_pitch_times_height() {
         let rt = limited(1 << 20);
         // 100-byte rows, the driver picks a 1024-byte pitch: 10 KiB charged.
-        let rc = allocate_pitch(&rt, Some(0), 100, 10, || Ok((0x7100, 1024)), |_| {});
+        let rc = allocate_pitch(&rt, Some(0), 0, 100, 10, || Ok((0x7100, 1024)), |_| {});
         assert_eq!(rc, SUCCESS);
         assert_eq!(slice(&rt, 0), Some(((1 << 20) - 10240, 1 << 20)));
-        assert_eq!(release(&rt, Space::Pointer, 0x7100, || SUCCESS), SUCCESS);
+        assert_eq!(
+            release(&rt, Space::Pointer, 0x7100, || SUCCESS, no_pool),
+            SUCCESS
+        );
         assert_eq!(slice(&rt, 0), Some((1 << 20, 1 << 20)));
     }
 
@@ -343,6 +394,7 @@ mod tests {
         let rc = allocate_pitch(
             &rt,
             Some(0),
+            0,
             100,
             10,
             || Ok((0x7200, 1024)),
@@ -361,6 +413,7 @@ mod tests {
             &rt,
             Some(0),
             100,
+            0,
             || Err(OUT_OF_MEMORY),
             || {
                 fallback.set(true);
@@ -374,11 +427,12 @@ mod tests {
 
     #[test]
     fn with_oversubscription_a_full_device_falls_back_to_managed_memory() {
-        let mut limits = limits_by_uuid(&[("GPU-0", Some(1000), None)], NO_REGION);
+        let region = test_region();
+        let mut limits = limits_by_uuid(&[("GPU-0", Some(1000), None)], &region.path);
         limits.oversubscribe = true;
         limits.memory_scaling = 2.0;
         let rt = Runtime::new(Mode::Enforce(limits), &ONE);
-        let rc = allocate_device(&rt, Some(0), 400, || Err(OUT_OF_MEMORY), || Ok(0x9100));
+        let rc = allocate_device(&rt, Some(0), 400, 0, || Err(OUT_OF_MEMORY), || Ok(0x9100));
         assert_eq!(rc, SUCCESS);
         assert_eq!(slice(&rt, 0), Some((600, 1000)), "counted to the slice");
         assert_eq!(

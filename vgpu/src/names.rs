@@ -93,6 +93,25 @@ hooks! {
     ArrayDestroy => "cuArrayDestroy",
     MipmappedArrayCreate => "cuMipmappedArrayCreate",
     MipmappedArrayDestroy => "cuMipmappedArrayDestroy",
+    MemMap => "cuMemMap",
+    MemUnmap => "cuMemUnmap",
+    MemAddressFree => "cuMemAddressFree",
+    MemRetainAllocationHandle => "cuMemRetainAllocationHandle",
+    MemImportFromShareableHandle => "cuMemImportFromShareableHandle",
+    MemExportToShareableHandle => "cuMemExportToShareableHandle",
+    MemPoolCreate => "cuMemPoolCreate",
+    MemPoolDestroy => "cuMemPoolDestroy",
+    MemPoolTrimTo => "cuMemPoolTrimTo",
+    CtxCreateV2 => "cuCtxCreate_v2",
+    CtxCreateV3 => "cuCtxCreate_v3",
+    CtxCreateV4 => "cuCtxCreate_v4",
+    CtxDestroyV2 => "cuCtxDestroy_v2",
+    DevicePrimaryCtxRetain => "cuDevicePrimaryCtxRetain",
+    DevicePrimaryCtxRelease => "cuDevicePrimaryCtxRelease",
+    DevicePrimaryCtxReleaseV2 => "cuDevicePrimaryCtxRelease_v2",
+    DevicePrimaryCtxReset => "cuDevicePrimaryCtxReset",
+    DevicePrimaryCtxResetV2 => "cuDevicePrimaryCtxReset_v2",
+    CtxSetLimit => "cuCtxSetLimit",
     MemGetInfo => "cuMemGetInfo",
     MemGetInfoV2 => "cuMemGetInfo_v2",
     DeviceTotalMem => "cuDeviceTotalMem",
@@ -133,6 +152,38 @@ const V2_AT_3020: &[(&[u8], Hook, Hook)] = &[
         b"cuArray3DCreate",
         Hook::Array3DCreate,
         Hook::Array3DCreateV2,
+    ),
+];
+
+/// ABI versions of one base name: `(first CUDA version, hook)`, oldest first.
+type Versions = &'static [(i32, Hook)];
+
+/// Base names with several ABI versions: `(first CUDA version, hook)`,
+/// oldest first; a caller gets the newest at or below its version, and
+/// nothing (the driver's own answer) below the first.
+const VERSIONED: &[(&[u8], Versions)] = &[
+    (
+        b"cuCtxCreate",
+        &[
+            (3020, Hook::CtxCreateV2),
+            (11040, Hook::CtxCreateV3),
+            (12050, Hook::CtxCreateV4),
+        ],
+    ),
+    (b"cuCtxDestroy", &[(4000, Hook::CtxDestroyV2)]),
+    (
+        b"cuDevicePrimaryCtxRelease",
+        &[
+            (7000, Hook::DevicePrimaryCtxRelease),
+            (11000, Hook::DevicePrimaryCtxReleaseV2),
+        ],
+    ),
+    (
+        b"cuDevicePrimaryCtxReset",
+        &[
+            (7000, Hook::DevicePrimaryCtxReset),
+            (11000, Hook::DevicePrimaryCtxResetV2),
+        ],
     ),
 ];
 
@@ -189,6 +240,13 @@ impl Hook {
         }
         if let Some(&(_, v1, v2)) = V2_AT_3020.iter().find(|(base, ..)| *base == symbol) {
             return Some(if cuda_version >= 3020 { v2 } else { v1 });
+        }
+        if let Some((_, versions)) = VERSIONED.iter().find(|(base, _)| *base == symbol) {
+            return versions
+                .iter()
+                .rev()
+                .find(|(first, _)| cuda_version >= *first)
+                .map(|&(_, hook)| hook);
         }
         if let Some(&(_, legacy, ptsz)) =
             PER_THREAD_STREAM.iter().find(|(base, ..)| *base == symbol)
@@ -285,6 +343,39 @@ mod tests {
         assert_eq!(
             Hook::by_proc(b"cuMemCreate", 12000, 0),
             Some(Hook::MemCreate)
+        );
+    }
+
+    #[test]
+    fn proc_address_picks_context_entry_points_by_version() {
+        assert_eq!(Hook::by_proc(b"cuCtxCreate", 3010, 0), None);
+        assert_eq!(
+            Hook::by_proc(b"cuCtxCreate", 11030, 0),
+            Some(Hook::CtxCreateV2)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuCtxCreate", 12040, 0),
+            Some(Hook::CtxCreateV3)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuCtxCreate", 12080, 0),
+            Some(Hook::CtxCreateV4)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuDevicePrimaryCtxRelease", 10020, 0),
+            Some(Hook::DevicePrimaryCtxRelease)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuDevicePrimaryCtxReset", 12000, 0),
+            Some(Hook::DevicePrimaryCtxResetV2)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuCtxDestroy", 12000, 0),
+            Some(Hook::CtxDestroyV2)
+        );
+        assert_eq!(
+            Hook::by_proc(b"cuMemRetainAllocationHandle", 12000, 0),
+            Some(Hook::MemRetainAllocationHandle)
         );
     }
 

@@ -24,11 +24,13 @@
 //!   error line names the file and the field. Passing through would hand
 //!   the whole GPU to a container meant to get a slice; the operator, not
 //!   the workload, wrote the file, and launches and queries still work.
-//! - The shared region cannot be opened: usage is counted per process
-//!   (the limit still holds for each process, not across them); one line.
+//! - The shared region cannot be opened (missing, unsafe directory, not
+//!   this layout): the library fails closed too — every allocation on a
+//!   limited device is refused, `cuMemGetInfo` reports nothing free, and one
+//!   error line names the file and the cause. Counting each process alone
+//!   would hand every process the whole slice.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::{self, Limits, Region};
 use crate::log::{self, Level, Once};
@@ -67,10 +69,11 @@ pub struct DeviceInfo {
     pub sm_limit: Option<u32>,
 }
 
-/// Usage counters: the container-wide shared region, or this process's own.
+/// Usage counters: the container-wide shared region, or none (closed:
+/// nothing can be charged).
 enum Accounting {
     Shared(Region),
-    Local(Vec<AtomicU64>),
+    Closed,
 }
 
 /// The process-wide state.
@@ -87,9 +90,17 @@ static CONFIG_FAILED: Once = Once::new();
 static REGION_FAILED: Once = Once::new();
 static LIMITS_IN_FORCE: Once = Once::new();
 
+/// What a refused charge may still get back from this process's pools
+/// (they give memory back at synchronisations the library does not see);
+/// set by the interception layer. Returns the bytes given back.
+static POOL_RECONCILER: OnceLock<fn(&Runtime) -> u64> = OnceLock::new();
+
 /// The process's runtime, loading the configuration on first use.
 pub fn global() -> &'static Runtime {
-    GLOBAL.get_or_init(|| Runtime::new(load_mode(), crate::ffi::platform()))
+    GLOBAL.get_or_init(|| {
+        let _ = POOL_RECONCILER.set(crate::ffi::reconcile_pools);
+        Runtime::new(load_mode(), crate::ffi::platform())
+    })
 }
 
 /// The runtime if it was loaded already (NVML calls in a process that never
@@ -181,7 +192,7 @@ impl Runtime {
                     Accounting::Shared(region) => {
                         backend::region_slot(region, uuid.as_deref(), index)
                     }
-                    Accounting::Local(_) => index,
+                    Accounting::Closed => index,
                 };
                 DeviceInfo {
                     ordinal,
@@ -203,20 +214,19 @@ impl Runtime {
 
     fn accounting(&self) -> &Accounting {
         self.accounting.get_or_init(|| {
-            let local = || Accounting::Local((0..MAX_DEVICES).map(|_| AtomicU64::new(0)).collect());
             let Mode::Enforce(limits) = &self.mode else {
-                return local();
+                return Accounting::Closed;
             };
             if backend::is_fail_closed(limits) {
-                return local();
+                return Accounting::Closed;
             }
             match backend::open_region(limits) {
                 Ok(region) => Accounting::Shared(region),
                 Err(reason) => {
-                    log::once(&REGION_FAILED, Level::Warn, || {
-                        format!("{reason}; counting this process's memory only")
+                    log::once(&REGION_FAILED, Level::Error, || {
+                        format!("{reason}; failing closed: no GPU memory is granted")
                     });
-                    local()
+                    Accounting::Closed
                 }
             }
         })
@@ -224,44 +234,57 @@ impl Runtime {
 
     /// Charges `bytes` to `device`'s slot if that keeps it within `limit`.
     /// A failed charge first reclaims what dead processes left in the
-    /// shared region, then tries once more.
+    /// shared region and what this process's pools gave back, then tries
+    /// once more.
     pub fn try_charge(&self, device: &DeviceInfo, bytes: u64, limit: u64) -> bool {
         match self.accounting() {
             Accounting::Shared(region) => {
-                backend::try_charge(region, device.slot, bytes, limit)
-                    || (backend::reclaim_dead(region) > 0
-                        && backend::try_charge(region, device.slot, bytes, limit))
+                backend::try_charge(region, device.slot, bytes, limit) || {
+                    let dead = backend::reclaim_dead(region);
+                    let pooled = POOL_RECONCILER.get().map_or(0, |f| f(self));
+                    (dead > 0 || pooled > 0)
+                        && backend::try_charge(region, device.slot, bytes, limit)
+                }
             }
-            Accounting::Local(counters) => counters.get(device.slot).is_some_and(|used| {
-                used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                    u.checked_add(bytes).filter(|total| *total <= limit)
-                })
-                .is_ok()
-            }),
+            Accounting::Closed => false,
         }
+    }
+
+    /// Charges `bytes` the driver already holds (a context's own memory, a
+    /// pool that grew past what was asked) whatever the limit.
+    pub fn force_charge(&self, slot: usize, bytes: u64) {
+        if let Accounting::Shared(region) = self.accounting() {
+            backend::force_charge(region, slot, bytes);
+        }
+    }
+
+    /// Whether usage is counted in a shared region (false: closed).
+    pub fn accounting_open(&self) -> bool {
+        matches!(self.accounting(), Accounting::Shared(_))
     }
 
     /// Returns `bytes` charged earlier to `slot`.
     pub fn uncharge(&self, slot: usize, bytes: u64) {
         match self.accounting() {
             Accounting::Shared(region) => backend::uncharge(region, slot, bytes),
-            Accounting::Local(counters) => {
-                if let Some(used) = counters.get(slot) {
-                    let _ = used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                        Some(u.saturating_sub(bytes))
-                    });
-                }
-            }
+            Accounting::Closed => {}
         }
     }
 
-    /// Bytes in use in `slot`, container-wide when the region is shared.
+    /// Bytes in use in `slot`, container-wide; `u64::MAX` when closed
+    /// (nothing is free).
     pub fn used(&self, slot: usize) -> u64 {
         match self.accounting() {
             Accounting::Shared(region) => backend::used(region, slot),
-            Accounting::Local(counters) => counters
-                .get(slot)
-                .map_or(0, |used| used.load(Ordering::Acquire)),
+            Accounting::Closed => u64::MAX,
+        }
+    }
+
+    /// Bytes this process has charged in `slot` (0 when closed).
+    pub fn process_used(&self, slot: usize) -> u64 {
+        match self.accounting() {
+            Accounting::Shared(region) => region.process_used(slot),
+            Accounting::Closed => 0,
         }
     }
 
@@ -276,7 +299,7 @@ impl Runtime {
                 }
                 pids
             }
-            Accounting::Local(_) => vec![std::process::id()],
+            Accounting::Closed => vec![std::process::id()],
         }
     }
 }
@@ -344,7 +367,26 @@ pub(crate) mod tests {
         limits
     }
 
+    /// A region path whose directory does not exist: the runtime fails closed.
     pub const NO_REGION: &str = "/nonexistent/tessera-vgpu-test/vgpu.accounting";
+
+    /// An empty region file in a private directory, removed on drop.
+    pub struct TestRegion {
+        _dir: tempfile::TempDir,
+        /// The region file.
+        pub path: String,
+    }
+
+    /// A fresh [`TestRegion`].
+    pub fn test_region() -> TestRegion {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("vgpu.accounting");
+        crate::accounting::create_file(&path).expect("region file");
+        TestRegion {
+            path: path.to_str().expect("utf-8 path").to_owned(),
+            _dir: dir,
+        }
+    }
 
     #[test]
     fn pass_through_limits_nothing() {
@@ -392,8 +434,19 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn local_accounting_holds_the_limit_and_returns_usage() {
+    fn without_a_region_nothing_is_granted() {
         let limits = limits_by_uuid(&[("GPU-b", Some(1000), None)], NO_REGION);
+        let rt = Runtime::new(Mode::Enforce(limits), &TWO);
+        let dev = rt.device(0).expect("device 0").clone();
+        assert!(!rt.try_charge(&dev, 1, 1000), "fails closed");
+        assert!(!rt.accounting_open());
+        assert_eq!(rt.used(dev.slot), u64::MAX, "nothing is free");
+    }
+
+    #[test]
+    fn the_region_holds_the_limit_and_returns_usage() {
+        let region = test_region();
+        let limits = limits_by_uuid(&[("GPU-b", Some(1000), None)], &region.path);
         let rt = Runtime::new(Mode::Enforce(limits), &TWO);
         let dev = rt.device(0).expect("device 0").clone();
         assert!(rt.try_charge(&dev, 600, 1000));
@@ -406,10 +459,8 @@ pub(crate) mod tests {
 
     #[test]
     fn two_runtimes_on_one_region_share_one_budget_by_uuid() {
-        let dir = std::env::temp_dir().join(format!("tessera-vgpu-rt-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join("vgpu.accounting");
-        let path = path.to_str().expect("utf-8 path");
+        let region = test_region();
+        let path = region.path.as_str();
         static OTHER_ORDER: FakePlatform = FakePlatform(&["GPU-a", "GPU-b"]);
         let limits = || {
             limits_by_uuid(
@@ -431,6 +482,5 @@ pub(crate) mod tests {
         one.uncharge(a_in_one.slot, 700);
         assert!(two.try_charge(&a_in_two, 400, 1000));
         drop((one, two));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

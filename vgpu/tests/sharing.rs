@@ -6,18 +6,10 @@ mod common;
 
 use std::process::Command;
 
-use common::{Limit, MIB, Node, artefacts, skip};
+use common::{MIB, Node, artefacts, skip};
 
 fn one_gib(node: &Node) -> std::path::PathBuf {
-    node.limits(
-        "vgpu.json",
-        &[Limit {
-            gpu: 0,
-            memory_mib: 1024,
-            sm_percent: 0,
-        }],
-        "",
-    )
+    node.gpu0_slice(1024)
 }
 
 const ALLOC_256: [&str; 6] = ["alloc", "--api", "mem_alloc", "--mib", "256", "--count"];
@@ -94,16 +86,7 @@ fn in_container_namespace(
     limits: &std::path::Path,
     script: &str,
 ) -> Option<common::Output> {
-    // SAFETY-free check of the effective uid through /proc.
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false);
-    if !root {
+    if !common::is_root() {
         skip(
             "the container-file test needs root (a private mount namespace with a tmpfs on /usr/local)",
         );

@@ -26,6 +26,11 @@ use crate::root::{self, RootSource};
 pub const DEVICE_MEMORY_ENV: &str = "TESSERA_SIM_CUDA_DEVICE_MEMORY_MIB";
 /// Simulated device time one thread block of a launch costs, in ns.
 pub const NS_PER_BLOCK_ENV: &str = "TESSERA_SIM_CUDA_NS_PER_BLOCK";
+/// Device memory (MiB) every live context takes for itself; default 0.
+pub const CONTEXT_MIB_ENV: &str = "TESSERA_SIM_CUDA_CONTEXT_MIB";
+/// `1`: publish a utilization sample at every change of device memory, in
+/// the call that made it (tests that watch memory from outside need it).
+pub const PUBLISH_ON_MEMORY_ENV: &str = "TESSERA_SIM_CUDA_PUBLISH_ON_MEMORY";
 /// Makes the library explain itself on stderr (shared with the NVML stand-in).
 pub const DEBUG_ENV: &str = "TESSERA_SIM_DEBUG";
 /// The device filter every CUDA program honours.
@@ -80,6 +85,13 @@ pub struct Config {
     pub driver_version: i32,
     /// Simulated ns per thread block.
     pub ns_per_block: u64,
+    /// Device memory every live context takes for itself (the driver's own
+    /// per-context state, which `nvidia-smi` counts against the process).
+    pub context_bytes: u64,
+    /// Publish a sample at every change of device memory, before the call
+    /// returns (`TESSERA_SIM_CUDA_PUBLISH_ON_MEMORY=1`): what a process
+    /// publishes is then never below what it holds once a call returned.
+    pub publish_on_memory: bool,
     /// `TESSERA_SIM_DEBUG` is set.
     pub debug: bool,
 }
@@ -124,6 +136,8 @@ pub fn load() -> Result<Config, String> {
         }
     }
     let ns_per_block = env_u64(NS_PER_BLOCK_ENV).unwrap_or(DEFAULT_NS_PER_BLOCK);
+    let context_bytes = env_u64(CONTEXT_MIB_ENV).map_or(0, |mib| mib.saturating_mul(MIB));
+    let publish_on_memory = env_u64(PUBLISH_ON_MEMORY_ENV) == Some(1);
     let driver_version = state
         .as_ref()
         .map_or(DEFAULT_DRIVER_VERSION, |s| s.cuda_driver_version);
@@ -132,6 +146,8 @@ pub fn load() -> Result<Config, String> {
         node_root: root.filter(|_| state.is_some()),
         driver_version,
         ns_per_block,
+        context_bytes,
+        publish_on_memory,
         debug,
     })
 }

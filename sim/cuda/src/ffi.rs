@@ -281,6 +281,30 @@ pub const MEM_ATTACH_GLOBAL: c_uint = 0x1;
 /// `CU_MEM_ATTACH_HOST`.
 pub const MEM_ATTACH_HOST: c_uint = 0x2;
 
+// `CUmemPool_attribute`.
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (cuuint64_t).
+pub const MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (cuuint64_t).
+pub const MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH` (cuuint64_t).
+pub const MEMPOOL_ATTR_RESERVED_MEM_HIGH: c_int = 6;
+/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` (cuuint64_t).
+pub const MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
+/// `CU_MEMPOOL_ATTR_USED_MEM_HIGH` (cuuint64_t).
+pub const MEMPOOL_ATTR_USED_MEM_HIGH: c_int = 8;
+
+// `CUlimit`.
+/// `CU_LIMIT_STACK_SIZE`.
+pub const LIMIT_STACK_SIZE: c_int = 0;
+/// `CU_LIMIT_PRINTF_FIFO_SIZE`.
+pub const LIMIT_PRINTF_FIFO_SIZE: c_int = 1;
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+pub const LIMIT_MALLOC_HEAP_SIZE: c_int = 2;
+
+// `CUmemAllocationHandleType`.
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub const MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 0x1;
+
 // `CUmemAllocationType`.
 /// `CU_MEM_ALLOCATION_TYPE_PINNED`.
 pub const MEM_ALLOCATION_TYPE_PINNED: c_int = 0x1;

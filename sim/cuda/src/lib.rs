@@ -17,7 +17,13 @@
 //!   `TESSERA_SIM_CUDA_DEVICE_MEMORY_MIB` overrides every capacity.
 //! - Memory (`registry`): per device and per process, charged by every
 //!   device allocation API; past the capacity `CUDA_ERROR_OUT_OF_MEMORY`.
-//!   Managed and host memory are real host memory and not charged.
+//!   Managed and host memory are real host memory and not charged. Lifetimes
+//!   as the real driver keeps them: VMM memory while a handle reference or a
+//!   mapping remains; pools keep freed memory down to their release
+//!   threshold until a synchronisation or trim; a context's memory goes with
+//!   it; each context costs `TESSERA_SIM_CUDA_CONTEXT_MIB` (default 0) of its
+//!   own. `TESSERA_SIM_CUDA_PUBLISH_ON_MEMORY=1` publishes every change of a
+//!   process's memory before the call returns.
 //! - Launches ([`timeline`]): a kernel of G blocks costs G ×
 //!   `TESSERA_SIM_CUDA_NS_PER_BLOCK` (default 1000) of device time,
 //!   queued asynchronously; synchronising waits for it.
@@ -44,19 +50,27 @@
 //!
 //! Contexts, streams, modules: `cuDevicePrimaryCtxRetain`,
 //! `cuDevicePrimaryCtxRelease`, `cuDevicePrimaryCtxRelease_v2`,
+//! `cuDevicePrimaryCtxReset`, `cuDevicePrimaryCtxReset_v2`,
+//! `cuDevicePrimaryCtxGetState`,
 //! `cuCtxCreate_v2`, `cuCtxCreate_v3`, `cuCtxCreate_v4`, `cuCtxDestroy_v2`,
 //! `cuCtxSetCurrent`, `cuCtxGetCurrent`, `cuCtxGetDevice`,
 //! `cuCtxPushCurrent_v2`, `cuCtxPopCurrent_v2`, `cuCtxSynchronize`,
+//! `cuCtxSetLimit`, `cuCtxGetLimit`,
 //! `cuStreamCreate`, `cuStreamDestroy_v2`, `cuStreamSynchronize`,
+//! `cuStreamGetCtx`, `cuStreamGetDevice`,
 //! `cuModuleLoadData`, `cuModuleUnload`, `cuModuleGetFunction`.
 //!
 //! Memory: `cuMemGetInfo`, `cuMemGetInfo_v2`, `cuMemAlloc_v2`,
 //! `cuMemFree_v2`, `cuMemAllocPitch_v2`, `cuMemAllocManaged`,
 //! `cuMemAllocHost_v2`, `cuMemFreeHost`, `cuMemCreate`, `cuMemRelease`,
 //! `cuMemAddressReserve`, `cuMemAddressFree`, `cuMemMap`, `cuMemUnmap`,
-//! `cuMemSetAccess`, `cuMemGetAllocationGranularity`, `cuMemAllocAsync`,
+//! `cuMemSetAccess`, `cuMemGetAllocationGranularity`,
+//! `cuMemRetainAllocationHandle`, `cuMemExportToShareableHandle`,
+//! `cuMemImportFromShareableHandle`, `cuMemAllocAsync`,
 //! `cuMemFreeAsync`, `cuMemPoolCreate`, `cuMemPoolDestroy`,
-//! `cuMemAllocFromPoolAsync`, `cuArrayCreate_v2`, `cuArrayDestroy`,
+//! `cuMemPoolSetAttribute`, `cuMemPoolGetAttribute`, `cuMemPoolTrimTo`,
+//! `cuDeviceGetMemPool`, `cuDeviceSetMemPool`, `cuMemAllocFromPoolAsync`,
+//! `cuArrayCreate_v2`, `cuArrayDestroy`,
 //! `cuArray3DCreate_v2`, `cuMipmappedArrayCreate`, `cuMipmappedArrayDestroy`.
 //!
 //! Execution: `cuLaunchKernel`, `cuLaunchKernelEx`,

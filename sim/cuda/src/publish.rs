@@ -190,7 +190,9 @@ impl Publisher {
             if !self.files.contains_key(&gpu) {
                 let path = self.dir.join(utilfile::file_name(gpu, self.pid));
                 match UtilFile::create(&path, gpu, self.pid, self.start_time) {
-                    Ok(file) => {
+                    Ok(mut file) => {
+                        // Watchers of memory read single changes, not 5 ms summaries.
+                        file.set_every_sample(driver.config.publish_on_memory);
                         self.files.insert(gpu, file);
                     }
                     Err(e) => {

@@ -3,16 +3,33 @@
 //! Memory accounting: every allocation that takes device memory charges its
 //! device's counter (`Device::used`) here, under the registry lock, and is
 //! refused with `CUDA_ERROR_OUT_OF_MEMORY` past the device's capacity.
-//! What counts: `cuMemAlloc`, `cuMemAllocPitch` (pitch × height),
-//! `cuMemAllocAsync`/`cuMemAllocFromPoolAsync` (freed at `cuMemFreeAsync`:
-//! pools keep nothing cached), `cuMemCreate` on a device location (freed
-//! when released and unmapped), arrays and mipmapped arrays (element size ×
-//! extent, levels summed). What does not: managed memory (host-backed in
-//! the simulator), `cuMemAllocHost`, `cuMemCreate` on a host location.
-//! Counters are per process: two processes each see the whole device.
+//! What counts: `cuMemAlloc`, `cuMemAllocPitch` (pitch × height), arrays
+//! and mipmapped arrays (element size × extent, levels summed), and:
+//!
+//! - **Stream-ordered pools** reserve device memory in 2 MiB steps and keep
+//!   it: `cuMemFreeAsync` returns a block to its pool, which serves later
+//!   allocations from it; a pool gives memory back to the device only down
+//!   to its release threshold (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, default
+//!   0), at the next synchronisation of its device (`cuStreamSynchronize`,
+//!   `cuCtxSynchronize`) or at `cuMemPoolTrimTo`. What a pool holds is its
+//!   `RESERVED_MEM_CURRENT`.
+//! - **VMM** (`cuMemCreate` on a device location): the memory lives while a
+//!   handle reference (create, `cuMemRetainAllocationHandle`, a same-process
+//!   `cuMemImportFromShareableHandle`) or a mapping remains; `cuMemRelease`
+//!   drops a reference, `cuMemUnmap`/`cuMemAddressFree` mappings. An import
+//!   from another process holds memory that process charged.
+//! - **Contexts**: each live context takes `context_bytes` of its own
+//!   (`TESSERA_SIM_CUDA_CONTEXT_MIB`), and its malloc heap
+//!   (`cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)`).
+//!
+//! What does not count: managed memory (host-backed in the simulator),
+//! `cuMemAllocHost`, `cuMemCreate` on a host location. Counters are per
+//! process: two processes each see the whole device.
 //!
 //! Destroying a context (or releasing a primary context to zero) frees what
-//! it owns: its allocations, arrays, streams and modules.
+//! it owns: its allocations, arrays, streams, modules, heap and own memory.
+//! `cuDevicePrimaryCtxReset` frees what the primary context owns and every
+//! stream-ordered allocation and pool reserve of the device.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -66,14 +83,37 @@ struct Physical {
     device: Option<u32>,
     bytes: u64,
     charged: u64,
-    released: bool,
+    /// Handle references: create, retain, same-process import.
+    refs: u32,
     maps: u32,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Pool {
     max_size: u64,
+    /// Bytes of live allocations from the pool.
     used: u64,
+    /// Bytes the pool holds of its device (charged), ≥ `used`.
+    reserved: u64,
+    reserved_high: u64,
+    used_high: u64,
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
+    threshold: u64,
+}
+
+/// A pool's attributes, as `cuMemPoolGetAttribute` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStats {
+    /// `RELEASE_THRESHOLD`.
+    pub threshold: u64,
+    /// `RESERVED_MEM_CURRENT`.
+    pub reserved: u64,
+    /// `RESERVED_MEM_HIGH`.
+    pub reserved_high: u64,
+    /// `USED_MEM_CURRENT`.
+    pub used: u64,
+    /// `USED_MEM_HIGH`.
+    pub used_high: u64,
 }
 
 /// The registry of live objects.
@@ -89,9 +129,16 @@ pub struct Registry {
     arrays: HashMap<u32, Owned>,
     mipmaps: HashMap<u32, Owned>,
     physical: HashMap<u32, Physical>,
+    /// Handles made by a same-process import: alias serial → the physical
+    /// allocation's serial (a new handle value, as the real driver gives).
+    aliases: HashMap<u32, u32>,
     reservations: BTreeMap<u64, (u64, u64)>,
     mappings: BTreeMap<u64, (u64, u32)>,
     pools: HashMap<(u32, u32), Pool>,
+    /// Per device: the pool `cuMemAllocAsync` uses (`cuDeviceSetMemPool`).
+    current_pools: Vec<(u32, u32)>,
+    /// Malloc heap bytes per context (`cuCtxSetLimit`).
+    heaps: HashMap<u64, u64>,
     graphs: HashMap<u32, Vec<u64>>,
     execs: HashMap<u32, u64>,
     va: Option<VaSpace>,
@@ -129,15 +176,7 @@ impl Registry {
     /// An empty registry for `devices` devices, with their default pools.
     pub fn new(devices: usize) -> Registry {
         let pools = (0..devices as u32)
-            .map(|d| {
-                (
-                    (d, 0),
-                    Pool {
-                        max_size: 0,
-                        used: 0,
-                    },
-                )
-            })
+            .map(|d| ((d, 0), Pool::default()))
             .collect();
         Registry {
             serial: 0,
@@ -150,9 +189,12 @@ impl Registry {
             arrays: HashMap::new(),
             mipmaps: HashMap::new(),
             physical: HashMap::new(),
+            aliases: HashMap::new(),
             reservations: BTreeMap::new(),
             mappings: BTreeMap::new(),
             pools,
+            current_pools: (0..devices as u32).map(|d| (d, 0)).collect(),
+            heaps: HashMap::new(),
             graphs: HashMap::new(),
             execs: HashMap::new(),
             va: None,
@@ -188,15 +230,17 @@ impl Registry {
             .ok_or(CUDA_ERROR_INVALID_CONTEXT)
     }
 
-    /// `cuDevicePrimaryCtxRetain`.
-    pub fn retain_primary(&mut self, driver: &Driver, device: u32) -> Handle {
+    /// `cuDevicePrimaryCtxRetain`: the first reference makes the context,
+    /// which takes its own memory (`OUT_OF_MEMORY` when the device has none).
+    pub fn retain_primary(&mut self, driver: &Driver, device: u32) -> Res<Handle> {
         if let Some(refs) = self.primary_refs.get_mut(device as usize) {
-            *refs = refs.saturating_add(1);
-            if *refs == 1 {
+            if *refs == 0 {
+                charge(driver, device, driver.config.context_bytes)?;
                 driver.count_context(device, true);
             }
+            *refs = refs.saturating_add(1);
         }
-        Handle::new(Kind::Context, device, 0)
+        Ok(Handle::new(Kind::Context, device, 0))
     }
 
     /// `cuDevicePrimaryCtxRelease`: the last release frees what the
@@ -210,17 +254,85 @@ impl Registry {
         *refs -= 1;
         if *refs == 0 {
             self.free_owned(driver, Handle::new(Kind::Context, device, 0));
+            uncharge(driver, device, driver.config.context_bytes);
             driver.count_context(device, false);
         }
         Ok(())
     }
 
-    /// `cuCtxCreate`.
-    pub fn create_context(&mut self, driver: &Driver, device: u32) -> Handle {
+    /// `cuDevicePrimaryCtxReset`: frees everything the primary context owns,
+    /// and every stream-ordered allocation and pool reserve of the device;
+    /// the context (if retained) starts afresh.
+    pub fn reset_primary(&mut self, driver: &Driver, device: u32) -> Res<()> {
+        if device as usize >= self.primary_refs.len() {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        self.free_owned(driver, Handle::new(Kind::Context, device, 0));
+        let pooled: Vec<u64> = self
+            .allocations
+            .iter()
+            .filter(|(_, a)| matches!(a.kind, AllocKind::Async { pool } if pool.0 == device))
+            .map(|(p, _)| *p)
+            .collect();
+        for ptr in pooled {
+            let _ = self.free(driver, ptr);
+        }
+        let keys: Vec<(u32, u32)> = self
+            .pools
+            .keys()
+            .filter(|k| k.0 == device)
+            .copied()
+            .collect();
+        for key in keys {
+            self.trim_pool(driver, key, 0);
+            if key.1 == 0 {
+                if let Some(p) = self.pools.get_mut(&key) {
+                    *p = Pool::default();
+                }
+            } else {
+                self.pools.remove(&key);
+            }
+        }
+        if let Some(current) = self.current_pools.get_mut(device as usize) {
+            *current = (device, 0);
+        }
+        Ok(())
+    }
+
+    /// `cuCtxCreate`: the context takes its own memory.
+    pub fn create_context(&mut self, driver: &Driver, device: u32) -> Res<Handle> {
+        charge(driver, device, driver.config.context_bytes)?;
         let serial = self.next_serial();
         self.contexts.insert(serial, device);
         driver.count_context(device, true);
-        Handle::new(Kind::Context, device, serial)
+        Ok(Handle::new(Kind::Context, device, serial))
+    }
+
+    /// `cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)`: the heap is device memory
+    /// of the context, taken at once.
+    pub fn set_heap(&mut self, driver: &Driver, ctx: Handle, bytes: u64) -> Res<()> {
+        let old = self.heaps.get(&ctx.value()).copied().unwrap_or(0);
+        if bytes > old {
+            charge(driver, ctx.device, bytes - old)?;
+        } else {
+            uncharge(driver, ctx.device, old - bytes);
+        }
+        self.heaps.insert(ctx.value(), bytes);
+        Ok(())
+    }
+
+    /// The malloc heap of `ctx`.
+    pub fn heap(&self, ctx: Handle) -> u64 {
+        self.heaps.get(&ctx.value()).copied().unwrap_or(0)
+    }
+
+    /// The context `stream` belongs to.
+    pub fn stream_context(&self, stream: Handle) -> Res<Handle> {
+        self.streams
+            .get(&stream.serial)
+            .copied()
+            .filter(|c| self.context_live(*c))
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
     }
 
     /// `cuCtxDestroy`: a primary context cannot be destroyed this way.
@@ -230,6 +342,7 @@ impl Registry {
         }
         self.contexts.remove(&ctx.serial);
         self.free_owned(driver, ctx);
+        uncharge(driver, ctx.device, driver.config.context_bytes);
         driver.count_context(ctx.device, false);
         Ok(())
     }
@@ -256,6 +369,9 @@ impl Registry {
         }
         self.streams.retain(|_, owner| *owner != ctx);
         self.modules.retain(|_, owner| *owner != ctx);
+        if let Some(heap) = self.heaps.remove(&ctx.value()) {
+            uncharge(driver, ctx.device, heap);
+        }
     }
 
     // ----- streams, modules -----------------------------------------------
@@ -333,28 +449,46 @@ impl Registry {
             );
             return Ok(ptr);
         }
+        // A pool serves from what it holds and grows in granules; the
+        // device is charged for the growth, the allocation for nothing.
+        let mut charged = bytes;
+        let mut grown = 0;
         if let AllocKind::Async { pool } = kind {
             let p = self.pools.get(&pool).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-            if p.max_size != 0 && p.used.saturating_add(bytes) > p.max_size {
+            let used = p.used.saturating_add(bytes);
+            if p.max_size != 0 && used > p.max_size {
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
+            if used > p.reserved {
+                grown = (used - p.reserved)
+                    .checked_next_multiple_of(GRANULARITY)
+                    .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+            }
+            charged = 0;
         }
-        charge(driver, device, bytes)?;
+        charge(driver, device, charged + grown)?;
         let align = VaSpace::default_align(bytes);
         let Some(ptr) = self.va().alloc(bytes, align) else {
-            uncharge(driver, device, bytes);
+            uncharge(driver, device, charged + grown);
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         };
         if let AllocKind::Async { pool } = kind
             && let Some(p) = self.pools.get_mut(&pool)
         {
             p.used += bytes;
+            p.reserved += grown;
+            p.used_high = p.used_high.max(p.used);
+            p.reserved_high = p.reserved_high.max(p.reserved);
         }
         self.allocations.insert(
             ptr,
             Allocation {
                 device,
-                charged: bytes,
+                charged: if matches!(kind, AllocKind::Async { .. }) {
+                    bytes
+                } else {
+                    charged
+                },
                 va_bytes: bytes,
                 va_align: align,
                 kind,
@@ -372,14 +506,18 @@ impl Registry {
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         match a.kind {
             AllocKind::Managed { len } => unmap_host(ptr as usize, len),
-            kind => {
+            AllocKind::Async { pool } => {
+                // Back to the pool, which keeps the memory.
+                self.va().free(ptr, a.va_bytes, a.va_align);
+                match self.pools.get_mut(&pool) {
+                    Some(p) => p.used = p.used.saturating_sub(a.charged),
+                    // A destroyed pool's memory goes once its last block does.
+                    None => uncharge(driver, a.device, a.charged),
+                }
+            }
+            _ => {
                 uncharge(driver, a.device, a.charged);
                 self.va().free(ptr, a.va_bytes, a.va_align);
-                if let AllocKind::Async { pool } = kind
-                    && let Some(p) = self.pools.get_mut(&pool)
-                {
-                    p.used = p.used.saturating_sub(a.charged);
-                }
             }
         }
         Ok(())
@@ -464,7 +602,7 @@ impl Registry {
                 device,
                 bytes,
                 charged,
-                released: false,
+                refs: 1,
                 maps: 0,
             },
         );
@@ -473,7 +611,7 @@ impl Registry {
 
     fn settle_physical(&mut self, driver: &Driver, serial: u32) {
         if let Some(p) = self.physical.get(&serial).copied()
-            && p.released
+            && p.refs == 0
             && p.maps == 0
         {
             self.physical.remove(&serial);
@@ -483,20 +621,111 @@ impl Registry {
         }
     }
 
-    /// `cuMemRelease`: the memory goes once it is also unmapped everywhere.
-    pub fn release_physical(&mut self, driver: &Driver, handle: u64) -> Res<()> {
+    /// The physical allocation `handle` names (through an import's alias).
+    fn physical_serial(&self, handle: u64, err: CuResult) -> Res<u32> {
         let serial = Handle::decode(handle)
             .filter(|h| h.kind == Kind::MemHandle)
             .map(|h| h.serial)
+            .ok_or(err)?;
+        Ok(self.aliases.get(&serial).copied().unwrap_or(serial))
+    }
+
+    /// `cuMemRelease`: drops one handle reference; the memory goes once no
+    /// reference and no mapping is left.
+    pub fn release_physical(&mut self, driver: &Driver, handle: u64) -> Res<()> {
+        if let Some(alias) = Handle::decode(handle).filter(|h| h.kind == Kind::MemHandle)
+            && let Some(target) = self.aliases.remove(&alias.serial)
+        {
+            if let Some(p) = self.physical.get_mut(&target) {
+                p.refs = p.refs.saturating_sub(1);
+            }
+            self.settle_physical(driver, target);
+            return Ok(());
+        }
+        let serial = self.physical_serial(handle, CUDA_ERROR_INVALID_VALUE)?;
+        let p = self
+            .physical
+            .get_mut(&serial)
+            .filter(|p| p.refs > 0)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        p.refs -= 1;
+        self.settle_physical(driver, serial);
+        Ok(())
+    }
+
+    /// `cuMemRetainAllocationHandle`: the handle of the memory mapped at
+    /// `ptr`, with one more reference.
+    pub fn retain_physical(&mut self, ptr: u64) -> Res<u64> {
+        let serial = self
+            .mappings
+            .range(..=ptr)
+            .next_back()
+            .filter(|(start, (size, _))| ptr < *start + size)
+            .map(|(_, (_, serial))| *serial)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let p = self
             .physical
             .get_mut(&serial)
-            .filter(|p| !p.released)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        p.released = true;
-        self.settle_physical(driver, serial);
-        Ok(())
+        p.refs = p.refs.saturating_add(1);
+        Ok(Handle::new(Kind::MemHandle, p.device.unwrap_or(0), serial).value())
+    }
+
+    /// What `cuMemExportToShareableHandle` writes for `handle`: pid, serial,
+    /// device (u32::MAX: host) and size, little-endian.
+    pub fn export_physical(&self, handle: u64) -> Res<[u8; 20]> {
+        let serial = self.physical_serial(handle, CUDA_ERROR_INVALID_VALUE)?;
+        let p = self
+            .physical
+            .get(&serial)
+            .filter(|p| p.refs > 0)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let mut out = [0u8; 20];
+        out[..4].copy_from_slice(&std::process::id().to_le_bytes());
+        out[4..8].copy_from_slice(&serial.to_le_bytes());
+        out[8..12].copy_from_slice(&p.device.unwrap_or(u32::MAX).to_le_bytes());
+        out[12..].copy_from_slice(&p.bytes.to_le_bytes());
+        Ok(out)
+    }
+
+    /// `cuMemImportFromShareableHandle` of what [`Registry::export_physical`]
+    /// wrote: in the exporting process, a new handle on the same memory (one
+    /// more reference); elsewhere, a handle on memory that process holds (and
+    /// charged), so nothing is charged here.
+    pub fn import_physical(&mut self, driver: &Driver, data: &[u8; 20]) -> Res<u64> {
+        let word =
+            |at: usize| u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]);
+        let (pid, serial, device) = (word(0), word(4), word(8));
+        let mut size = [0u8; 8];
+        size.copy_from_slice(&data[12..]);
+        let bytes = u64::from_le_bytes(size);
+        if pid == std::process::id() {
+            let p = self
+                .physical
+                .get_mut(&serial)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            p.refs = p.refs.saturating_add(1);
+            let device = p.device.unwrap_or(0);
+            let alias = self.next_serial();
+            self.aliases.insert(alias, serial);
+            return Ok(Handle::new(Kind::MemHandle, device, alias).value());
+        }
+        let device = (device != u32::MAX).then_some(device);
+        if let Some(d) = device {
+            driver.device_at(d)?;
+        }
+        let serial = self.next_serial();
+        self.physical.insert(
+            serial,
+            Physical {
+                device,
+                bytes,
+                charged: 0,
+                refs: 1,
+                maps: 0,
+            },
+        );
+        Ok(Handle::new(Kind::MemHandle, device.unwrap_or(0), serial).value())
     }
 
     /// `cuMemAddressReserve`.
@@ -532,14 +761,11 @@ impl Registry {
     /// `cuMemMap`: `bytes` of the physical allocation at `ptr`, which must
     /// lie in a reservation and overlap no mapping.
     pub fn map(&mut self, ptr: u64, bytes: u64, offset: u64, handle: u64) -> Res<()> {
-        let serial = Handle::decode(handle)
-            .filter(|h| h.kind == Kind::MemHandle)
-            .map(|h| h.serial)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let serial = self.physical_serial(handle, CUDA_ERROR_INVALID_HANDLE)?;
         let p = self
             .physical
             .get(&serial)
-            .filter(|p| !p.released)
+            .filter(|p| p.refs > 0)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let end = ptr.checked_add(bytes).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if bytes == 0 || offset.checked_add(bytes).is_none_or(|e| e > p.bytes) {
@@ -609,21 +835,119 @@ impl Registry {
     /// `cuMemPoolCreate` on `device`.
     pub fn create_pool(&mut self, device: u32, max_size: u64) -> Handle {
         let serial = self.next_serial();
-        self.pools
-            .insert((device, serial), Pool { max_size, used: 0 });
+        self.pools.insert(
+            (device, serial),
+            Pool {
+                max_size,
+                ..Pool::default()
+            },
+        );
         Handle::new(Kind::Pool, device, serial)
     }
 
-    /// `cuMemPoolDestroy`; a default pool cannot be destroyed. Allocations
-    /// still out stay valid until freed.
-    pub fn destroy_pool(&mut self, pool: Handle) -> Res<()> {
+    /// `cuMemPoolDestroy`; a default pool cannot be destroyed. What the pool
+    /// holds beyond its live allocations goes at once; allocations still out
+    /// stay valid (and charged) until freed.
+    pub fn destroy_pool(&mut self, driver: &Driver, pool: Handle) -> Res<()> {
         if pool.serial == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        self.pools
-            .remove(&(pool.device, pool.serial))
-            .map(|_| ())
-            .ok_or(CUDA_ERROR_INVALID_VALUE)
+        let key = (pool.device, pool.serial);
+        let p = self.pools.remove(&key).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        uncharge(driver, pool.device, p.reserved.saturating_sub(p.used));
+        if let Some(current) = self.current_pools.get_mut(pool.device as usize)
+            && *current == key
+        {
+            *current = (pool.device, 0);
+        }
+        Ok(())
+    }
+
+    /// Gives back what `pool` holds beyond its live allocations and
+    /// `keep` bytes (whole granules).
+    fn trim_pool(&mut self, driver: &Driver, pool: (u32, u32), keep: u64) {
+        if let Some(p) = self.pools.get_mut(&pool) {
+            let floor = p
+                .used
+                .max(keep.min(p.reserved))
+                .checked_next_multiple_of(GRANULARITY)
+                .unwrap_or(p.reserved)
+                .min(p.reserved);
+            if floor < p.reserved {
+                uncharge(driver, pool.0, p.reserved - floor);
+                p.reserved = floor;
+            }
+        }
+    }
+
+    /// `cuMemPoolTrimTo`.
+    pub fn trim_pool_to(&mut self, driver: &Driver, pool: Handle, keep: u64) -> Res<()> {
+        let key = (pool.device, pool.serial);
+        if !self.pools.contains_key(&key) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        self.trim_pool(driver, key, keep);
+        Ok(())
+    }
+
+    /// A synchronisation of `device`: its pools give back what they hold
+    /// beyond their release threshold.
+    pub fn sync_pools(&mut self, driver: &Driver, device: u32) {
+        let keys: Vec<((u32, u32), u64)> = self
+            .pools
+            .iter()
+            .filter(|(k, _)| k.0 == device)
+            .map(|(k, p)| (*k, p.threshold))
+            .collect();
+        for (key, threshold) in keys {
+            self.trim_pool(driver, key, threshold);
+        }
+    }
+
+    /// `cuMemPoolSetAttribute(RELEASE_THRESHOLD)`.
+    pub fn set_pool_threshold(&mut self, pool: Handle, bytes: u64) -> Res<()> {
+        let p = self
+            .pools
+            .get_mut(&(pool.device, pool.serial))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        p.threshold = bytes;
+        Ok(())
+    }
+
+    /// `cuMemPoolGetAttribute`'s numbers.
+    pub fn pool_stats(&self, pool: Handle) -> Res<PoolStats> {
+        let p = self
+            .pools
+            .get(&(pool.device, pool.serial))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        Ok(PoolStats {
+            threshold: p.threshold,
+            reserved: p.reserved,
+            reserved_high: p.reserved_high,
+            used: p.used,
+            used_high: p.used_high,
+        })
+    }
+
+    /// `cuDeviceGetMemPool`: the pool `cuMemAllocAsync` uses on `device`.
+    pub fn current_pool(&self, device: u32) -> Res<Handle> {
+        self.current_pools
+            .get(device as usize)
+            .map(|&(d, serial)| Handle::new(Kind::Pool, d, serial))
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)
+    }
+
+    /// `cuDeviceSetMemPool`: `pool` must be on `device`.
+    pub fn set_current_pool(&mut self, device: u32, pool: Handle) -> Res<()> {
+        if pool.device != device || !self.pool_exists(pool) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let current = self
+            .current_pools
+            .get_mut(device as usize)
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+        *current = (device, pool.serial);
+        Ok(())
     }
 
     /// Whether `pool` exists.
@@ -697,6 +1021,9 @@ fn charge(driver: &Driver, device: u32, bytes: u64) -> Res<()> {
     match used.checked_add(bytes) {
         Some(total) if total <= d.spec.total_bytes => {
             d.used.store(total, std::sync::atomic::Ordering::Release);
+            if driver.config.publish_on_memory && bytes > 0 {
+                crate::publish::publish_now();
+            }
             Ok(())
         }
         _ => Err(CUDA_ERROR_OUT_OF_MEMORY),
@@ -710,6 +1037,9 @@ fn uncharge(driver: &Driver, device: u32, bytes: u64) {
             std::sync::atomic::Ordering::Acquire,
             |u| Some(u.saturating_sub(bytes)),
         );
+        if driver.config.publish_on_memory && bytes > 0 {
+            crate::publish::publish_now();
+        }
     }
 }
 

@@ -110,6 +110,8 @@ pub struct UtilFile {
     seq: u64,
     /// When the newest slot was started.
     slot_started_ns: u64,
+    /// Every sample in a slot of its own (never over the newest).
+    every_sample: bool,
     _file: File,
 }
 
@@ -147,6 +149,7 @@ impl UtilFile {
             map: map.cast(),
             seq: 0,
             slot_started_ns: 0,
+            every_sample: false,
             _file: file,
         };
         util.store32(8, VERSION);
@@ -190,10 +193,21 @@ impl UtilFile {
         self.store32(24, ci);
     }
 
+    /// Puts every later sample in a slot of its own, so that a reader who
+    /// finds the newest slot mid-write falls back on the sample just before
+    /// it (rewriting the newest in place would leave it an older one).
+    pub fn set_every_sample(&mut self, every: bool) {
+        self.every_sample = every;
+    }
+
     /// Records a sample: in a new slot (overwriting the oldest) when the
-    /// newest slot is [`MIN_SPACING_NS`] old, else over the newest.
+    /// newest slot is [`MIN_SPACING_NS`] old (or every time, see
+    /// [`UtilFile::set_every_sample`]), else over the newest.
     pub fn record(&mut self, sample: Sample) {
-        if self.seq == 0 || sample.mono_ns.saturating_sub(self.slot_started_ns) >= MIN_SPACING_NS {
+        if self.seq == 0
+            || self.every_sample
+            || sample.mono_ns.saturating_sub(self.slot_started_ns) >= MIN_SPACING_NS
+        {
             self.seq += 1;
             self.slot_started_ns = sample.mono_ns;
         }

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
+use std::ops::Not;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,6 +32,19 @@ pub fn skip(reason: &str) {
         "{reason} (CI is set: a missing prerequisite fails the test)"
     );
     eprintln!("SKIPPED: {reason}");
+}
+
+/// Whether this process runs as root (some arrangements need it), read
+/// from the effective uid in `/proc/self/status`.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
 }
 
 /// The build outputs the tests run.
@@ -146,8 +160,19 @@ impl Node {
             "tessera-sim create --profile {profile} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        // As the node side makes it: a directory only its owner may write,
+        // holding an empty region file every user may open.
         let accounting = work.join("accounting");
         std::fs::create_dir_all(&accounting).expect("accounting dir");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&accounting, std::fs::Permissions::from_mode(0o755))
+                .expect("chmod accounting dir");
+        }
+        tessera_vgpu::accounting::create_file(
+            &accounting.join(tessera_model::vgpu::ACCOUNTING_FILE_NAME),
+        )
+        .expect("region file");
         let mut node = Node {
             libdir: root.join("usr/lib/x86_64-linux-gnu"),
             a,
@@ -194,6 +219,20 @@ impl Node {
             self.accounting.display()
         );
         self.write(name, &text)
+    }
+
+    /// Writes `vgpu.json` with a `mib` MiB memory limit on GPU 0 (no SM
+    /// limit) and returns its path.
+    pub fn gpu0_slice(&self, mib: u64) -> PathBuf {
+        self.limits(
+            "vgpu.json",
+            &[Limit {
+                gpu: 0,
+                memory_mib: mib,
+                sm_percent: 0,
+            }],
+            "",
+        )
     }
 
     /// Writes a limits file naming devices by uuid: `(uuid, memory MiB)`.
@@ -495,3 +534,114 @@ impl Output {
 
 /// MiB.
 pub const MIB: u64 = 1 << 20;
+
+/// The results of a `tessera-cuda-probe script` run, step by step:
+/// `(op, CUresult name)`.
+pub fn steps(out: &Output) -> Vec<(String, String)> {
+    let mut steps: Vec<(usize, String, String)> = out
+        .kv
+        .iter()
+        .filter_map(|(k, v)| {
+            let n = k.strip_prefix("step.")?.parse().ok()?;
+            let (op, rc) = v.split_once(' ')?;
+            Some((n, op.to_owned(), rc.to_owned()))
+        })
+        .collect();
+    steps.sort();
+    steps.into_iter().map(|(_, op, rc)| (op, rc)).collect()
+}
+
+/// Asserts each step's result: `expected[i]` is `"ok"` (CUDA_SUCCESS) or
+/// `"oom"` (CUDA_ERROR_OUT_OF_MEMORY).
+pub fn expect_steps(out: &Output, expected: &[&str]) {
+    let got = steps(out);
+    let want: Vec<&str> = expected
+        .iter()
+        .map(|e| match *e {
+            "ok" => "CUDA_SUCCESS",
+            "oom" => "CUDA_ERROR_OUT_OF_MEMORY",
+            other => other,
+        })
+        .collect();
+    let got_codes: Vec<&str> = got.iter().map(|(_, rc)| rc.as_str()).collect();
+    assert_eq!(got_codes, want, "steps {:?}\n{}", got, out.describe());
+}
+
+/// Bytes the simulated GPU `gpu` of the node at `root` holds for its live
+/// processes, and how many there are, from the newest sample each published
+/// (`TESSERA_SIM_CUDA_PUBLISH_ON_MEMORY=1` makes that exact once a call
+/// returned). Read from the utilization files the CUDA stand-in writes
+/// (`<root>/run/tessera-sim/util/gpu<N>-<pid>`: 64-byte header, then 128
+/// slots of six u64 — seq, mono, real, busy, mem, check), with the
+/// layout's own integrity word; a slot caught mid-write is skipped.
+pub fn held_on_gpu(root: &Path, gpu: u32) -> (u64, usize) {
+    held_by(root, gpu, None)
+}
+
+/// [`held_on_gpu`] counting only the processes in `only` (when given).
+pub fn held_by(root: &Path, gpu: u32, only: Option<&[u32]>) -> (u64, usize) {
+    let Ok(entries) = std::fs::read_dir(root.join("run/tessera-sim/util")) else {
+        return (0, 0);
+    };
+    let prefix = format!("gpu{gpu}-");
+    let mut total = 0u64;
+    let mut count = 0usize;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if only.is_some_and(|pids| !pids.contains(&(pid as u32))) {
+            continue;
+        }
+        // A process that is gone holds nothing (its file stays behind).
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']).not())
+            })
+            .unwrap_or(false);
+        if !alive {
+            continue;
+        }
+        let Ok(bytes) = std::fs::read(entry.path()) else {
+            continue;
+        };
+        let word = |at: usize| {
+            bytes
+                .get(at..at + 8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+                .unwrap_or(0)
+        };
+        let newest = (0..128)
+            .map(|i| 64 + i * 48)
+            .filter_map(|at| {
+                let (seq, mono, real, busy, mem, check) = (
+                    word(at),
+                    word(at + 8),
+                    word(at + 16),
+                    word(at + 24),
+                    word(at + 32),
+                    word(at + 40),
+                );
+                let expected = seq
+                    ^ mono.rotate_left(13)
+                    ^ real.rotate_left(29)
+                    ^ busy.rotate_left(41)
+                    ^ mem.rotate_left(53)
+                    ^ 0x9E37_79B9_7F4A_7C15;
+                (seq > 0 && check == expected).then_some((seq, mem))
+            })
+            .max();
+        if let Some((_, mem)) = newest {
+            total += mem;
+            count += 1;
+        }
+    }
+    (total, count)
+}

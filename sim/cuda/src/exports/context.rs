@@ -21,6 +21,30 @@ fn live_current() -> Res<Handle> {
     driver.registry().live_context(driver::current_context())
 }
 
+/// `cuDevicePrimaryCtxGetState`: flags 0; active while retained.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CuDevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CuResult {
+    entry(|| {
+        let device = device_index(dev)?;
+        if flags.is_null() || active.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let driver = driver::get()?;
+        let live = driver
+            .registry()
+            .context_live(Handle::new(Kind::Context, device, 0));
+        // SAFETY: cuda.h contract: both are valid for one write (non-null).
+        unsafe {
+            out::write(flags, 0)?;
+            out::write(active, c_int::from(live))
+        }
+    })
+}
+
 /// `cuDevicePrimaryCtxRetain`: the device's primary context, one more
 /// reference; does not make it current.
 #[unsafe(no_mangle)]
@@ -31,7 +55,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CuContext, dev: CuD
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let driver = driver::get()?;
-        let ctx = driver.registry().retain_primary(driver, device);
+        let ctx = driver.registry().retain_primary(driver, device)?;
+        publish::publish_now();
         // SAFETY: cuda.h contract: `pctx` is valid for one write (non-null).
         unsafe { out::write(pctx, ctx.ptr()) }
     })
@@ -41,7 +66,110 @@ fn release_primary(dev: CuDevice) -> CuResult {
     entry(|| {
         let device = device_index(dev)?;
         let driver = driver::get()?;
-        driver.registry().release_primary(driver, device)
+        driver.registry().release_primary(driver, device)?;
+        publish::publish_now();
+        Ok(())
+    })
+}
+
+fn reset_primary(dev: CuDevice) -> CuResult {
+    entry(|| {
+        let device = device_index(dev)?;
+        let driver = driver::get()?;
+        driver.device_at(device)?.timeline.wait_idle();
+        driver.registry().reset_primary(driver, device)?;
+        publish::publish_now();
+        Ok(())
+    })
+}
+
+/// `cuDevicePrimaryCtxReset_v2` (what `cudaDeviceReset` does): frees all the
+/// primary context's memory and the device's stream-ordered memory.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CuDevice) -> CuResult {
+    reset_primary(dev)
+}
+
+/// `cuDevicePrimaryCtxReset` (CUDA 7.0 name): as `_v2`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset(dev: CuDevice) -> CuResult {
+    reset_primary(dev)
+}
+
+/// `cuCtxSetLimit`: `CU_LIMIT_MALLOC_HEAP_SIZE` takes that much device
+/// memory for the current context at once; stack and printf sizes are
+/// accepted and not modelled.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CuResult {
+    entry(|| {
+        let driver = driver::get()?;
+        let mut registry = driver.registry();
+        let ctx = registry.live_context(driver::current_context())?;
+        match limit {
+            LIMIT_MALLOC_HEAP_SIZE => registry.set_heap(driver, ctx, value as u64),
+            LIMIT_STACK_SIZE | LIMIT_PRINTF_FIFO_SIZE => Ok(()),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    })
+}
+
+/// `cuCtxGetLimit`: the malloc heap as set (0 until set); 1024 for the
+/// stack, 1 MiB for printf.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetLimit(pvalue: *mut usize, limit: c_int) -> CuResult {
+    entry(|| {
+        let driver = driver::get()?;
+        let registry = driver.registry();
+        let ctx = registry.live_context(driver::current_context())?;
+        let value = match limit {
+            LIMIT_MALLOC_HEAP_SIZE => registry.heap(ctx),
+            LIMIT_STACK_SIZE => 1024,
+            LIMIT_PRINTF_FIFO_SIZE => 1 << 20,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        // SAFETY: cuda.h contract: `pvalue` is null or valid for one write.
+        unsafe { out::write(pvalue, value as usize) }
+    })
+}
+
+/// The context work on `stream` belongs to: the stream's own, or for the
+/// default streams the calling thread's current one.
+fn stream_context(stream: CuStream) -> Res<Handle> {
+    let driver = driver::get()?;
+    let registry = driver.registry();
+    match stream.addr() {
+        0 | STREAM_LEGACY | STREAM_PER_THREAD => registry.live_context(driver::current_context()),
+        _ => {
+            let h = Handle::of(stream, Kind::Stream).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            registry.stream_context(h)
+        }
+    }
+}
+
+/// `cuStreamGetCtx`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx(h_stream: CuStream, pctx: *mut CuContext) -> CuResult {
+    entry(|| {
+        let ctx = stream_context(h_stream)?;
+        if pctx.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: cuda.h contract: `pctx` is valid for one write (non-null).
+        unsafe { out::write(pctx, ctx.ptr()) }
+    })
+}
+
+/// `cuStreamGetDevice` (CUDA 12.8).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetDevice(h_stream: CuStream, device: *mut CuDevice) -> CuResult {
+    entry(|| {
+        let ctx = stream_context(h_stream)?;
+        if device.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let dev = CuDevice::try_from(ctx.device).map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
+        // SAFETY: cuda.h contract: `device` is valid for one write (non-null).
+        unsafe { out::write(device, dev) }
     })
 }
 
@@ -66,7 +194,8 @@ fn create(pctx: *mut CuContext, dev: CuDevice) -> CuResult {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let driver = driver::get()?;
-        let ctx = driver.registry().create_context(driver, device);
+        let ctx = driver.registry().create_context(driver, device)?;
+        publish::publish_now();
         driver::push_current(ctx);
         // SAFETY: cuda.h contract: `pctx` is valid for one write (non-null).
         unsafe { out::write(pctx, ctx.ptr()) }
@@ -118,6 +247,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CuContext) -> CuResult {
         let driver = driver::get()?;
         driver.registry().destroy_context(driver, ctx)?;
         driver::forget_context(ctx);
+        publish::publish_now();
         Ok(())
     })
 }
@@ -188,9 +318,12 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CuContext) -> CuResult {
     })
 }
 
-/// Waits for `device`'s timeline, then publishes a utilization sample.
+/// Waits for `device`'s timeline, lets its pools give back what they hold
+/// beyond their release threshold, then publishes a utilization sample.
 fn synchronize(device: u32) -> Res<()> {
-    driver::get()?.device_at(device)?.timeline.wait_idle();
+    let driver = driver::get()?;
+    driver.device_at(device)?.timeline.wait_idle();
+    driver.registry().sync_pools(driver, device);
     publish::publish_now();
     Ok(())
 }

@@ -208,6 +208,81 @@ pub extern "C" fn cuMemRelease(handle: CuMemHandle) -> CuResult {
     })
 }
 
+/// `cuMemRetainAllocationHandle`: the handle of the memory mapped at
+/// `addr`, with one more reference (released with `cuMemRelease`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut CuMemHandle,
+    addr: *mut c_void,
+) -> CuResult {
+    entry(|| {
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = driver::get()?.registry().retain_physical(addr as u64)?;
+        // SAFETY: cuda.h contract: `handle` is valid for one write (non-null).
+        unsafe { out::write(handle, h) }
+    })
+}
+
+/// `cuMemExportToShareableHandle`: `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`
+/// only; the descriptor (a memfd) names the allocation.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: CuMemHandle,
+    handle_type: c_int,
+    flags: c_ulonglong,
+) -> CuResult {
+    entry(|| {
+        if shareable.is_null() || flags != 0 || handle_type != MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let data = driver::get()?.registry().export_physical(handle)?;
+        // SAFETY: memfd_create with a static NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"tessera-sim-vmm".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        // SAFETY: writes the 20 bytes of `data` to the memfd just made.
+        let written = unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), 0) };
+        if written != data.len() as isize {
+            // SAFETY: closes the memfd just made.
+            unsafe { libc::close(fd) };
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        // SAFETY: cuda.h contract: for this handle type, an int out-parameter.
+        unsafe { out::write(shareable.cast::<c_int>(), fd) }
+    })
+}
+
+/// `cuMemImportFromShareableHandle`: a descriptor from
+/// `cuMemExportToShareableHandle` (of this process or another).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut CuMemHandle,
+    os_handle: *mut c_void,
+    handle_type: c_int,
+) -> CuResult {
+    entry(|| {
+        if handle.is_null() || handle_type != MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let fd = os_handle as usize as c_int;
+        let mut data = [0u8; 20];
+        // SAFETY: reads at most 20 bytes into a live local buffer.
+        let got = unsafe { libc::pread(fd, data.as_mut_ptr().cast(), data.len(), 0) };
+        if got != data.len() as isize {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let driver = driver::get()?;
+        let h = driver.registry().import_physical(driver, &data)?;
+        // SAFETY: cuda.h contract: `handle` is valid for one write (non-null).
+        unsafe { out::write(handle, h) }
+    })
+}
+
 /// `cuMemAddressReserve`: `size` a multiple of 2 MiB; `alignment` 0 (2 MiB)
 /// or a power of two; the `addr` hint is ignored.
 #[unsafe(no_mangle)]
@@ -349,7 +424,8 @@ fn alloc_async(dptr: *mut CuDevicePtr, bytes: usize, pool: Handle, stream: CuStr
     unsafe { out::write(dptr, ptr) }
 }
 
-/// `cuMemAllocAsync`: from the default pool of the stream's device.
+/// `cuMemAllocAsync`: from the current pool of the stream's device
+/// (`cuDeviceSetMemPool`; the default pool unless set).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CuDevicePtr,
@@ -357,9 +433,10 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     h_stream: CuStream,
 ) -> CuResult {
     entry(|| {
-        driver::get()?;
+        let driver = driver::get()?;
         let device = driver::stream_device(h_stream)?;
-        alloc_async(dptr, bytesize, Handle::new(Kind::Pool, device, 0), h_stream)
+        let pool = driver.registry().current_pool(device)?;
+        alloc_async(dptr, bytesize, pool, h_stream)
     })
 }
 
@@ -377,7 +454,8 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     })
 }
 
-/// `cuMemFreeAsync`: frees at once (the simulator's pools cache nothing).
+/// `cuMemFreeAsync`: the block goes back to its pool at once (the pool
+/// keeps the memory until trimmed).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: CuDevicePtr, h_stream: CuStream) -> CuResult {
     entry(|| {
@@ -407,12 +485,105 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     })
 }
 
+/// `cuMemPoolSetAttribute`: the release threshold is kept; the reuse
+/// policies are accepted and not modelled; the others are read-only
+/// (the high-water marks may be reset to the current values with 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: CuMemoryPool,
+    attr: c_int,
+    value: *mut c_void,
+) -> CuResult {
+    entry(|| {
+        let pool = Handle::of(pool, Kind::Pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let driver = driver::get()?;
+        match attr {
+            MEMPOOL_ATTR_RELEASE_THRESHOLD => {
+                // SAFETY: cuda.h contract: this attribute's value is a cuuint64_t.
+                let bytes = unsafe { out::read(value.cast::<u64>()) }?;
+                driver.registry().set_pool_threshold(pool, bytes)
+            }
+            1..=3 | MEMPOOL_ATTR_RESERVED_MEM_HIGH | MEMPOOL_ATTR_USED_MEM_HIGH => {
+                driver.registry().pool_stats(pool).map(|_| ())
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    })
+}
+
+/// `cuMemPoolGetAttribute`: threshold, reserved and used bytes (current and high).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: CuMemoryPool,
+    attr: c_int,
+    value: *mut c_void,
+) -> CuResult {
+    entry(|| {
+        let pool = Handle::of(pool, Kind::Pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let stats = driver::get()?.registry().pool_stats(pool)?;
+        let number = match attr {
+            MEMPOOL_ATTR_RELEASE_THRESHOLD => stats.threshold,
+            MEMPOOL_ATTR_RESERVED_MEM_CURRENT => stats.reserved,
+            MEMPOOL_ATTR_RESERVED_MEM_HIGH => stats.reserved_high,
+            MEMPOOL_ATTR_USED_MEM_CURRENT => stats.used,
+            MEMPOOL_ATTR_USED_MEM_HIGH => stats.used_high,
+            1..=3 => {
+                // SAFETY: cuda.h contract: the reuse attributes are ints.
+                return unsafe { out::write(value.cast::<c_int>(), 1) };
+            }
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        // SAFETY: cuda.h contract: these attributes' values are cuuint64_t.
+        unsafe { out::write(value.cast::<u64>(), number) }
+    })
+}
+
+/// `cuMemPoolTrimTo`: gives back what the pool holds beyond its live
+/// allocations and `minBytesToKeep`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CuMemoryPool, min_bytes_to_keep: usize) -> CuResult {
+    entry(|| {
+        let pool = Handle::of(pool, Kind::Pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let driver = driver::get()?;
+        driver
+            .registry()
+            .trim_pool_to(driver, pool, min_bytes_to_keep as u64)
+    })
+}
+
+/// `cuDeviceGetMemPool`: the pool `cuMemAllocAsync` uses on the device.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CuMemoryPool, dev: CuDevice) -> CuResult {
+    entry(|| {
+        let driver = driver::get()?;
+        driver.device(dev)?;
+        if pool.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = driver.registry().current_pool(dev as u32)?;
+        // SAFETY: cuda.h contract: `pool` is valid for one write (non-null).
+        unsafe { out::write(pool, h.ptr()) }
+    })
+}
+
+/// `cuDeviceSetMemPool`: a pool of that device.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceSetMemPool(dev: CuDevice, pool: CuMemoryPool) -> CuResult {
+    entry(|| {
+        let driver = driver::get()?;
+        driver.device(dev)?;
+        let pool = Handle::of(pool, Kind::Pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        driver.registry().set_current_pool(dev as u32, pool)
+    })
+}
+
 /// `cuMemPoolDestroy`: not a default pool.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CuMemoryPool) -> CuResult {
     entry(|| {
         let pool = Handle::of(pool, Kind::Pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        driver::get()?.registry().destroy_pool(pool)
+        let driver = driver::get()?;
+        driver.registry().destroy_pool(driver, pool)
     })
 }
 

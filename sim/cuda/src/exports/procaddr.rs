@@ -250,6 +250,97 @@ pub const TABLE: &[(&str, &[Version])] = &[
     ),
     ("cuMemMap", &[(10020, "cuMemMap", f!(memory::cuMemMap))]),
     (
+        "cuMemRetainAllocationHandle",
+        &[(
+            11000,
+            "cuMemRetainAllocationHandle",
+            f!(memory::cuMemRetainAllocationHandle),
+        )],
+    ),
+    (
+        "cuMemExportToShareableHandle",
+        &[(
+            10020,
+            "cuMemExportToShareableHandle",
+            f!(memory::cuMemExportToShareableHandle),
+        )],
+    ),
+    (
+        "cuMemImportFromShareableHandle",
+        &[(
+            10020,
+            "cuMemImportFromShareableHandle",
+            f!(memory::cuMemImportFromShareableHandle),
+        )],
+    ),
+    (
+        "cuMemPoolSetAttribute",
+        &[(
+            11020,
+            "cuMemPoolSetAttribute",
+            f!(memory::cuMemPoolSetAttribute),
+        )],
+    ),
+    (
+        "cuMemPoolGetAttribute",
+        &[(
+            11020,
+            "cuMemPoolGetAttribute",
+            f!(memory::cuMemPoolGetAttribute),
+        )],
+    ),
+    (
+        "cuMemPoolTrimTo",
+        &[(11020, "cuMemPoolTrimTo", f!(memory::cuMemPoolTrimTo))],
+    ),
+    (
+        "cuDeviceGetMemPool",
+        &[(11020, "cuDeviceGetMemPool", f!(memory::cuDeviceGetMemPool))],
+    ),
+    (
+        "cuDeviceSetMemPool",
+        &[(11020, "cuDeviceSetMemPool", f!(memory::cuDeviceSetMemPool))],
+    ),
+    (
+        "cuDevicePrimaryCtxGetState",
+        &[(
+            7000,
+            "cuDevicePrimaryCtxGetState",
+            f!(context::cuDevicePrimaryCtxGetState),
+        )],
+    ),
+    (
+        "cuDevicePrimaryCtxReset",
+        &[
+            (
+                7000,
+                "cuDevicePrimaryCtxReset",
+                f!(context::cuDevicePrimaryCtxReset),
+            ),
+            (
+                11000,
+                "cuDevicePrimaryCtxReset_v2",
+                f!(context::cuDevicePrimaryCtxReset_v2),
+            ),
+        ],
+    ),
+    (
+        "cuCtxSetLimit",
+        &[(3010, "cuCtxSetLimit", f!(context::cuCtxSetLimit))],
+    ),
+    (
+        "cuCtxGetLimit",
+        &[(3010, "cuCtxGetLimit", f!(context::cuCtxGetLimit))],
+    ),
+    (
+        "cuStreamGetCtx",
+        &[(9020, "cuStreamGetCtx", f!(context::cuStreamGetCtx))],
+    ),
+    (
+        "cuStreamGetDevice",
+        &[(12080, "cuStreamGetDevice", f!(context::cuStreamGetDevice))],
+    ),
+    (
         "cuMemUnmap",
         &[(10020, "cuMemUnmap", f!(memory::cuMemUnmap))],
     ),

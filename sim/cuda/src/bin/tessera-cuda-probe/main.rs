@@ -11,6 +11,8 @@
 
 mod commands;
 mod cuda;
+mod script;
+mod stress;
 
 use std::process::ExitCode;
 
@@ -53,6 +55,13 @@ enum Command {
     Launch(commands::LaunchArgs),
     /// Nanoseconds per call of the hot entry points (min over rounds).
     Bench(commands::BenchArgs),
+    /// Run a sequence of driver calls, printing each one's result (see script.rs).
+    Script {
+        /// The steps, one per argument (`alloc a 256`, `free a`, …).
+        steps: Vec<String>,
+    },
+    /// Threads making random allocations and frees over every API.
+    Stress(stress::StressArgs),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +89,8 @@ fn main() -> ExitCode {
         Command::Alloc(args) => commands::alloc(route, &args),
         Command::Launch(args) => commands::launch(route, &args),
         Command::Bench(args) => commands::bench(route, &args),
+        Command::Script { steps } => script::run(route, &steps),
+        Command::Stress(args) => stress::run(route, &args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
