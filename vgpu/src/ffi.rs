@@ -1779,7 +1779,9 @@ fn nvml_slice(device: Handle) -> Option<(u64, u64)> {
     }
     let info = rt.device_by_uuid(&uuid, i32::try_from(index).unwrap_or(0));
     let limit = info.memory_limit?;
-    Some((limit, rt.used(info.slot)))
+    // Closed accounting reports everything used (and nothing free), not
+    // more than there is.
+    Some((limit, rt.used(info.slot).min(limit)))
 }
 
 /// `nvmlDeviceGetMemoryInfo`: the slice on a limited device (total = limit,

@@ -799,6 +799,10 @@ fn every_contexts_own_memory_counts_against_the_slice() {
         (child, out)
     };
     let mut holders = vec![holder("one"), holder("two")];
+    // NVML (nvidia-smi, pynvml) shows the two contexts as the slice's use.
+    let nvml = node
+        .compile_c("nvml_memory", "nvml_dlsym", &[])
+        .map(|program| node.command(&program, Some(&limits)).run());
     let third = node
         .probe(Some(&limits))
         .env("TESSERA_SIM_CUDA_CONTEXT_MIB", "300")
@@ -821,6 +825,21 @@ fn every_contexts_own_memory_counts_against_the_slice() {
         "{}",
         third.describe()
     );
+    if let Some(nvml) = nvml {
+        nvml.expect_success();
+        assert_eq!(
+            nvml.num("device.0.total"),
+            SLICE_MIB * MIB,
+            "{}",
+            nvml.describe()
+        );
+        assert_eq!(
+            nvml.num("device.0.used"),
+            600 * MIB,
+            "the two contexts: {}",
+            nvml.describe()
+        );
+    }
     let results: Vec<String> = steps(&third).into_iter().map(|(_, rc)| rc).collect();
     assert_eq!(results[2], "CUDA_SUCCESS");
     assert_eq!(results[3], "CUDA_ERROR_OUT_OF_MEMORY");

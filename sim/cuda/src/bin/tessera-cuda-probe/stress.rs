@@ -1,8 +1,9 @@
 //! `stress`: THREADS threads, each with the primary context of one device
 //! current, making random allocations and frees over every allocation API
-//! (linear, pitched, VMM in the CUDA samples' release-before-unmap order
-//! and NCCL's retain order, stream-ordered from a pool that keeps all it
-//! frees, arrays) with random sizes, until OPS operations each. Refusals are
+//! (linear, pitched, managed, VMM in the CUDA samples' release-before-unmap
+//! order and NCCL's retain order, stream-ordered from the device's pool and
+//! from a pool of the thread's own, both keeping all they free, arrays) with
+//! random sizes, until OPS operations each. Refusals are
 //! expected (the point is to run into the limit); any other error is
 //! reported. Prints `state=running` once every thread holds its context,
 //! and `ops=`, `refused=`, `errors=`, `held_bytes=` (what the blocks still
@@ -43,9 +44,9 @@ pub struct StressArgs {
     hold: bool,
 }
 
-/// One thread's leftovers: its blocks and stream (raw driver handles,
-/// used by one thread at a time).
-struct Leftover(Vec<(Block, usize)>, Handle);
+/// One thread's leftovers: its blocks, stream and pool (raw driver
+/// handles, used by one thread at a time).
+struct Leftover(Vec<(Block, usize)>, Handle, Handle);
 
 // SAFETY: the handles are driver objects, valid from any thread of the
 // process; the main thread uses them only after their thread ended.
@@ -123,12 +124,15 @@ pub fn run(route: Route, args: &StressArgs) -> Result<(), Box<dyn std::error::Er
         let _ = (api.primary_ctx_retain)(&mut ctx, args.device);
         let _ = (api.ctx_set_current)(ctx);
         let mut rng = Rng(args.seed | 1);
-        for Leftover(blocks, stream) in leftovers {
+        for Leftover(blocks, stream, pool) in leftovers {
             for (block, _) in blocks {
                 let _ = free(&api, block, stream, &mut rng);
             }
             let _ = (api.stream_synchronize)(stream);
             let _ = (api.stream_destroy)(stream);
+            if !pool.is_null() {
+                let _ = (api.mem_pool_destroy)(pool);
+            }
         }
     }
     Ok(())
@@ -145,6 +149,7 @@ fn worker(
 ) -> Leftover {
     let mut blocks: Vec<(Block, usize)> = Vec::new();
     let mut stream = std::ptr::null_mut();
+    let mut own_pool = std::ptr::null_mut();
     // SAFETY: cuda.h contracts with live out-pointers; every handle freed
     // below was made here.
     unsafe {
@@ -157,6 +162,22 @@ fn worker(
             // What PyTorch's cudaMallocAsync backend sets: keep everything.
             let mut max = u64::MAX;
             let _ = (api.mem_pool_set_attribute)(pool, 4, (&raw mut max).cast());
+        }
+        let props = MemPoolProps {
+            alloc_type: 1,
+            handle_types: 0,
+            location: MemLocation {
+                kind: 1,
+                id: args.device,
+            },
+            win32_security_attributes: std::ptr::null_mut(),
+            max_size: 0,
+            usage: 0,
+            reserved: [0; 54],
+        };
+        if (api.mem_pool_create)(&mut own_pool, &props) == SUCCESS {
+            let mut max = u64::MAX;
+            let _ = (api.mem_pool_set_attribute)(own_pool, 4, (&raw mut max).cast());
         }
     }
     ready.wait();
@@ -177,12 +198,12 @@ fn worker(
             continue;
         }
         let bytes = (1 + rng.below(args.max_mib as u64) as usize) * MIB;
-        match alloc(api, args.device, bytes, stream, rng) {
+        match alloc(api, args.device, bytes, (stream, own_pool), rng) {
             Ok(block) => blocks.push(block),
             Err(rc) => note(rc),
         }
     }
-    Leftover(blocks, stream)
+    Leftover(blocks, stream, own_pool)
 }
 
 /// One block of about `bytes` by a random API: the block and its size.
@@ -190,13 +211,13 @@ fn alloc(
     api: &Api,
     device: c_int,
     bytes: usize,
-    stream: Handle,
+    (stream, pool): (Handle, Handle),
     rng: &mut Rng,
 ) -> Result<(Block, usize), CuResult> {
     let ok = |rc: CuResult| if rc == SUCCESS { Ok(()) } else { Err(rc) };
     // SAFETY: cuda.h contracts; live out-pointers and descriptors.
     unsafe {
-        match rng.below(5) {
+        match rng.below(7) {
             0 => {
                 let mut p = 0;
                 ok((api.mem_alloc)(&mut p, bytes))?;
@@ -246,6 +267,16 @@ fn alloc(
                 let mut p = 0;
                 ok((api.mem_alloc_async)(&mut p, bytes, stream))?;
                 Ok((Block::Async(p), bytes))
+            }
+            4 if !pool.is_null() => {
+                let mut p = 0;
+                ok((api.mem_alloc_from_pool_async)(&mut p, bytes, pool, stream))?;
+                Ok((Block::Async(p), bytes))
+            }
+            5 => {
+                let mut p = 0;
+                ok((api.mem_alloc_managed)(&mut p, bytes, 1))?;
+                Ok((Block::Linear(p), 0))
             }
             _ => {
                 let d = ArrayDescriptor {
