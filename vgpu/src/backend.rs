@@ -109,20 +109,9 @@ pub fn reclaim_dead(region: &Region) -> u64 {
 }
 
 /// Pids of the container's processes registered in the region, read from
-/// the region file through its published layout (the region has no list
-/// call; the SM limiter needs the pids once per sampling period).
+/// the mapping (no file I/O; the SM limiter asks once per sampling period).
 pub fn live_pids(region: &Region) -> Vec<u32> {
-    use accounting::{MAX_PROCESSES, layout};
-    let Ok(bytes) = std::fs::read(region.path()) else {
-        return Vec::new();
-    };
-    (0..MAX_PROCESSES)
-        .filter_map(|i| {
-            let at = layout::SLOTS + i * layout::SLOT_SIZE + layout::SLOT_PID;
-            let pid = u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?);
-            (pid != 0).then_some(pid)
-        })
-        .collect()
+    region.registered_pids()
 }
 
 /// What an allocation-table entry is (each kind is freed by its own calls,
