@@ -92,6 +92,36 @@ pub fn set_heap(
     rc
 }
 
+/// Which of NVML's processes on a device is this one, and what it holds.
+///
+/// NVML lists processes by their pid in the host's pid namespace; a process
+/// in a container's own namespace knows only its pid there. So: the pid
+/// found before (`known`), else this process's own pid (`getpid`, right
+/// outside containers), else the one process that appeared in NVML's list
+/// since `before` (taken just before this process made its first context).
+/// `None` when it cannot be told (two appeared at once): better not to
+/// charge than to charge another process's memory.
+pub fn own_entry(
+    listed: &[(u32, u64)],
+    known: Option<u32>,
+    getpid: u32,
+    before: Option<&[u32]>,
+) -> Option<(u32, u64)> {
+    let by_pid = |pid: u32| listed.iter().copied().find(|&(p, _)| p == pid);
+    if let Some(pid) = known {
+        return by_pid(pid);
+    }
+    if let Some(found) = by_pid(getpid) {
+        return Some(found);
+    }
+    let before = before?;
+    let mut new = listed.iter().filter(|(p, _)| !before.contains(p));
+    match (new.next(), new.next()) {
+        (Some(&only), None) => Some(only),
+        _ => None,
+    }
+}
+
 /// Whether the library has measured `ctx`'s own memory already.
 pub fn measured(ctx: u64) -> bool {
     backend::lookup(Space::Context, ctx).is_some()
@@ -132,6 +162,38 @@ mod tests {
     use crate::runtime::tests::{FakePlatform, limits_by_uuid, test_region};
 
     static ONE: FakePlatform = FakePlatform(&["GPU-0"]);
+
+    #[test]
+    fn this_process_is_found_in_nvml_by_pid_or_by_what_appeared() {
+        let listed = [(4100, 300), (4200, 500)];
+        assert_eq!(
+            own_entry(&listed, None, 4200, None),
+            Some((4200, 500)),
+            "by own pid"
+        );
+        assert_eq!(
+            own_entry(&listed, Some(4100), 7, None),
+            Some((4100, 300)),
+            "known"
+        );
+        // In a container: pid 7 here, NVML lists host pids.
+        assert_eq!(own_entry(&listed, None, 7, None), None, "nothing to go by");
+        assert_eq!(
+            own_entry(&listed, None, 7, Some(&[4100])),
+            Some((4200, 500)),
+            "the one that appeared with our context"
+        );
+        assert_eq!(
+            own_entry(&listed, None, 7, Some(&[])),
+            None,
+            "two appeared: unknown"
+        );
+        assert_eq!(
+            own_entry(&listed, Some(9), 7, Some(&[])),
+            None,
+            "known but gone"
+        );
+    }
 
     #[test]
     fn a_destroyed_context_takes_its_allocations_heap_and_own_memory() {

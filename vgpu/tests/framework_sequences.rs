@@ -916,3 +916,45 @@ fn random_processes_threads_and_kills_never_exceed_the_slice() {
     expect_steps(&fresh, &["ok", "ok", "ok"]);
     assert_eq!(fresh.num("start.free"), SLICE_MIB * MIB);
 }
+
+#[test]
+fn a_containerized_process_finds_itself_in_nvml_and_its_context_counts() {
+    let Some(a) = artefacts() else { return };
+    if !is_root() {
+        skip("pid namespaces (unshare --pid) need root");
+        return;
+    }
+    let node = Node::create(a, "demo");
+    let limits = one_gib(&node);
+    // Its own pid namespace, the host's /proc: as in a container, NVML
+    // lists the process under its host pid, which differs from getpid().
+    let run = |limits: Option<&Path>| {
+        let mut probe = node
+            .command(Path::new("unshare"), None)
+            .args(["--pid", "--fork", "--kill-child", "--"])
+            .arg(&node.a.probe)
+            .args([
+                "script",
+                "retain 0",
+                "info mine",
+                "alloc rest 724",
+                "alloc more 1",
+            ])
+            .env("TESSERA_SIM_CUDA_CONTEXT_MIB", "300");
+        if let Some(limits) = limits {
+            probe = probe
+                .env("LD_PRELOAD", &node.a.lib)
+                .env("TESSERA_VGPU_CONFIG", limits);
+        }
+        probe.run()
+    };
+    expect_steps(&run(None), &["ok"; 4]);
+    let out = run(Some(&limits));
+    assert_eq!(
+        out.num("mine.free"),
+        (SLICE_MIB - 300) * MIB,
+        "{}",
+        out.describe()
+    );
+    expect_steps(&out, &["ok", "ok", "ok", "oom"]);
+}

@@ -22,7 +22,12 @@ use crate::utilfile::{self, PERIOD_NS, Sample, UTIL_DIR, UtilFile};
 
 struct Publisher {
     dir: PathBuf,
+    /// The pid the files are named and stamped with: the host's, as the
+    /// real driver reports processes to NVML (see [`host_pid`]).
     pid: u32,
+    /// `getpid()` of the process that made the files (a forked child does
+    /// not write them).
+    own_pid: u32,
     start_time: u64,
     files: HashMap<u32, UtilFile>,
     last_busy: HashMap<u32, u64>,
@@ -65,7 +70,8 @@ pub fn start(driver: &'static Driver) {
         utilfile::remove_stale(&dir);
         *lock() = Some(Publisher {
             dir,
-            pid: std::process::id(),
+            pid: host_pid(),
+            own_pid: std::process::id(),
             start_time: utilfile::own_start_time(),
             files: HashMap::new(),
             last_busy: HashMap::new(),
@@ -87,6 +93,22 @@ pub fn start(driver: &'static Driver) {
             eprintln!("tessera-sim-cuda: cannot start the utilization thread: {e}");
         }
     });
+}
+
+/// This process's pid in the outermost pid namespace its `/proc` shows (the
+/// first `NSpid:` field of `/proc/self/status`): the real driver reports a
+/// containerized process to NVML by its host pid, not by the pid it sees.
+/// Where `/proc` belongs to the process's own namespace, that is all it
+/// can know: its own pid.
+fn host_pid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or_else(std::process::id)
 }
 
 fn lock() -> std::sync::MutexGuard<'static, Option<Publisher>> {
@@ -132,7 +154,7 @@ pub fn publish_now() {
     };
     // A child of fork() shares the mappings: only the process that made
     // them writes.
-    if publisher.pid != std::process::id() || publisher.failed {
+    if publisher.own_pid != std::process::id() || publisher.failed {
         return;
     }
     publisher.tick(driver);

@@ -122,16 +122,15 @@ fn stat_fields(stat: &str) -> Option<(char, u64)> {
 }
 
 /// Whether `pid` is alive, not a zombie, and started at `start_time` (0: unchecked).
+///
+/// Files name processes by their host pid, as the real driver reports them;
+/// a caller in a container's pid namespace cannot signal that pid, but can
+/// read it where `/proc` is the host's. So `/proc` decides when it knows
+/// the pid, the signal check only when it does not.
 fn alive(pid: u32, start_time: u64) -> bool {
     let Ok(pid_t) = libc::pid_t::try_from(pid) else {
         return false;
     };
-    // SAFETY: signal 0 only checks that the process exists.
-    let exists = unsafe { libc::kill(pid_t, 0) } == 0
-        || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-    if !exists {
-        return false;
-    }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => match stat_fields(&stat) {
             Some((state, started)) => {
@@ -139,7 +138,11 @@ fn alive(pid: u32, start_time: u64) -> bool {
             }
             None => true,
         },
-        Err(_) => true,
+        Err(_) => {
+            // SAFETY: signal 0 only checks that the process exists.
+            let rc = unsafe { libc::kill(pid_t, 0) };
+            rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        }
     }
 }
 

@@ -694,8 +694,8 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
 // ---------------------------------------------------------------------------
 // Contexts
 
-/// What NVML reports this process holds on the device with `uuid`.
-fn nvml_process_memory(uuid: &str) -> Option<u64> {
+/// NVML's processes on the device with `uuid`: `(pid, used bytes)`.
+fn nvml_processes(uuid: &str) -> Option<Vec<(u32, u64)>> {
     let by_uuid = internal!(NVML_HANDLE_BY_UUID as FnNvmlGetHandleByUuid)?;
     let procs = internal!(NVML_COMPUTE_PROCS as FnNvmlComputeProcs)?;
     let name = std::ffi::CString::new(uuid).ok()?;
@@ -717,40 +717,84 @@ fn nvml_process_memory(uuid: &str) -> Option<u64> {
     if unsafe { procs(device, &mut count, infos.as_mut_ptr()) } != NVML_SUCCESS {
         return None;
     }
-    let me = std::process::id();
-    infos[..(count as usize).min(infos.len())]
-        .iter()
-        .find(|p| p.pid == me)
-        .map(|p| p.used_gpu_memory)
+    Some(
+        infos[..(count as usize).min(infos.len())]
+            .iter()
+            .map(|p| (p.pid, p.used_gpu_memory))
+            .collect(),
+    )
+}
+
+/// This process's pid as NVML lists it, once found (0: not yet).
+static NVML_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// Snapshots taken without finding it; the library stops trying at a few.
+static NVML_TRIES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// The limited device at `ordinal` and its uuid, if context memory is to
+/// be measured there.
+fn measured_device(ordinal: CUdevice) -> Option<(&'static runtime::DeviceInfo, String)> {
+    let rt = runtime::global();
+    if !rt.enforcing() {
+        return None;
+    }
+    let device = rt.device(ordinal)?;
+    device.memory_limit?;
+    Some((device, device.uuid.clone()?))
+}
+
+/// Before a context is made on `ordinal`: NVML's pids, if this process is
+/// not yet known to NVML (it may be listed under its host pid, which it
+/// cannot see from inside a pid namespace: the pid that appears with the
+/// new context is then its own).
+fn before_context(ordinal: CUdevice) -> Option<Vec<u32>> {
+    if NVML_PID.load(Ordering::Relaxed) != 0 || NVML_TRIES.load(Ordering::Relaxed) >= 4 {
+        return None;
+    }
+    contained("context accounting", || {
+        let (_, uuid) = measured_device(ordinal)?;
+        let listed = nvml_processes(&uuid)?;
+        let me = std::process::id();
+        (!listed.iter().any(|&(p, _)| p == me)).then(|| listed.iter().map(|&(p, _)| p).collect())
+    })
+    .flatten()
 }
 
 /// A context `ctx` now exists on `ordinal`: measure its own memory once.
-fn context_made(ordinal: CUdevice, ctx: Handle) {
+fn context_made(ordinal: CUdevice, ctx: Handle, before: Option<Vec<u32>>) {
     let _ = contained("context accounting", || {
         let rt = runtime::global();
         let ctx = ctx as usize as u64;
-        if !rt.enforcing() || ctx == 0 || contexts::measured(ctx) {
+        if ctx == 0 || contexts::measured(ctx) {
             return;
         }
-        let Some(device) = rt.device(ordinal) else {
+        let Some((device, uuid)) = measured_device(ordinal) else {
             return;
         };
-        if device.memory_limit.is_none() {
-            return;
-        }
-        let Some(uuid) = device.uuid.clone() else {
-            return;
-        };
-        match nvml_process_memory(&uuid) {
-            Some(held) => {
+        let known = NVML_PID.load(Ordering::Relaxed);
+        let listed = nvml_processes(&uuid);
+        log::log(Level::Debug, || {
+            format!("context {ctx:#x}: NVML lists {listed:?}; before the context {before:?}")
+        });
+        let own = listed.and_then(|listed| {
+            contexts::own_entry(
+                &listed,
+                (known != 0).then_some(known),
+                std::process::id(),
+                before.as_deref(),
+            )
+        });
+        match own {
+            Some((pid, held)) => {
+                NVML_PID.store(pid, Ordering::Relaxed);
                 let charged = rt.process_used(device.slot);
                 contexts::context_made(rt, device, ctx, held, charged);
             }
             None => {
+                NVML_TRIES.fetch_add(1, Ordering::Relaxed);
                 static UNMEASURED: Once = Once::new();
                 log::once(&UNMEASURED, Level::Info, || {
-                    "NVML does not list this process (another pid namespace?): \
-                     contexts' own memory is not charged"
+                    "this process is not told apart in NVML's process list: \
+                     its contexts' own memory is not charged"
                         .to_string()
                 });
             }
@@ -769,11 +813,12 @@ macro_rules! ctx_create {
             let Some(real) = real!($hook as $ty) else {
                 return missing(Hook::$hook);
             };
+            let before = before_context($dev);
             // SAFETY: the caller's arguments, unchanged.
             let rc = unsafe { real(pctx, $($arg),*) };
             if rc == SUCCESS && !pctx.is_null() {
                 // SAFETY: pctx is non-null; written on success.
-                context_made($dev, unsafe { pctx.read_unaligned() });
+                context_made($dev, unsafe { pctx.read_unaligned() }, before);
             }
             rc
         }
@@ -825,6 +870,13 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevi
     let Some(real) = real!(DevicePrimaryCtxRetain as FnPrimaryRetain) else {
         return missing(Hook::DevicePrimaryCtxRetain);
     };
+    // A primary context already measured needs no NVML snapshot.
+    let known = primary_of(dev);
+    let before = if known != 0 && contexts::measured(known) {
+        None
+    } else {
+        before_context(dev)
+    };
     // SAFETY: the caller's arguments, unchanged.
     let rc = unsafe { real(pctx, dev) };
     if rc == SUCCESS && !pctx.is_null() {
@@ -833,7 +885,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevi
         if let Some(entry) = usize::try_from(dev).ok().and_then(|d| PRIMARY.get(d)) {
             entry.store(ctx as usize as u64, Ordering::Relaxed);
         }
-        context_made(dev, ctx);
+        context_made(dev, ctx, before);
     }
     rc
 }
