@@ -28,6 +28,19 @@ fn one_gib(node: &Node) -> PathBuf {
     node.gpu0_slice(SLICE_MIB)
 }
 
+/// A node with the 1 GiB slice for a test that needs root (`why`); `None`
+/// after [`skip`] otherwise.
+fn node_as_root(why: &str) -> Option<(Node, PathBuf)> {
+    let a = artefacts()?;
+    if !is_root() {
+        skip(why);
+        return None;
+    }
+    let node = Node::create(a, "demo");
+    let limits = one_gib(&node);
+    Some((node, limits))
+}
+
 /// Runs a script with the library (`limits`) or without it (`None`).
 fn script(node: &Node, limits: Option<&Path>, steps: &[&str]) -> Output {
     node.probe(limits).arg("script").args(steps).run()
@@ -238,6 +251,22 @@ fn four_processes_running_into_the_limit_hold_no_more_than_it_together() {
 // 2. Fail closed
 // ---------------------------------------------------------------------------
 
+/// A process holding 768 MiB (three 256 MiB blocks) of the slice.
+fn hold_768(node: &Node, limits: &Path) -> common::Holding {
+    node.probe(Some(limits))
+        .args([
+            "alloc",
+            "--api",
+            "mem_alloc",
+            "--mib",
+            "256",
+            "--count",
+            "3",
+        ])
+        .args(["--hold-secs", "30"])
+        .start_holding()
+}
+
 fn alloc_256x4(node: &Node, probe: common::Probe) -> Output {
     let _ = node;
     probe
@@ -332,19 +361,7 @@ fn a_process_holding_a_lock_on_the_region_changes_nothing() {
     };
     std::thread::sleep(Duration::from_millis(100));
     let started = Instant::now();
-    let first = node
-        .probe(Some(&limits))
-        .args([
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "3",
-        ])
-        .args(["--hold-secs", "30"])
-        .start_holding();
+    let first = hold_768(&node, &limits);
     let second = alloc_256x4(&node, node.probe(Some(&limits)));
     let elapsed = started.elapsed();
     let _ = locker.kill();
@@ -360,13 +377,9 @@ fn a_process_holding_a_lock_on_the_region_changes_nothing() {
 #[test]
 fn the_workload_cannot_unlink_or_replace_the_region() {
     use std::os::unix::fs::PermissionsExt;
-    let Some(a) = artefacts() else { return };
-    if !is_root() {
-        skip("changing to another uid needs root");
+    let Some((node, limits)) = node_as_root("changing to another uid needs root") else {
         return;
-    }
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    };
     // The workload runs as an unprivileged user who can reach the files.
     for dir in [node.work.as_path(), node.root.as_path()] {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -395,19 +408,7 @@ fn the_workload_cannot_unlink_or_replace_the_region() {
     );
     assert!(region.exists());
     // And the unprivileged workload shares the budget with root's processes.
-    let holder = node
-        .probe(Some(&limits))
-        .args([
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "3",
-        ])
-        .args(["--hold-secs", "30"])
-        .start_holding();
+    let holder = hold_768(&node, &limits);
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(&node.a.probe)
@@ -649,13 +650,9 @@ fn memory_a_context_takes_with_it_is_given_back() {
 
 #[test]
 fn a_container_restarted_after_a_crash_finds_its_slice_free() {
-    let Some(a) = artefacts() else { return };
-    if !is_root() {
-        skip("pid namespaces (unshare --pid) need root");
+    let Some((node, limits)) = node_as_root("pid namespaces (unshare --pid) need root") else {
         return;
-    }
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    };
     // A container: a new pid namespace whose init is a shell, and the CUDA
     // program its child (pid 2, as under tini or torchrun).
     let in_container = |args: &[&str]| {
@@ -919,13 +916,9 @@ fn random_processes_threads_and_kills_never_exceed_the_slice() {
 
 #[test]
 fn a_containerized_process_finds_itself_in_nvml_and_its_context_counts() {
-    let Some(a) = artefacts() else { return };
-    if !is_root() {
-        skip("pid namespaces (unshare --pid) need root");
+    let Some((node, limits)) = node_as_root("pid namespaces (unshare --pid) need root") else {
         return;
-    }
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    };
     // Its own pid namespace, the host's /proc: as in a container, NVML
     // lists the process under its host pid, which differs from getpid().
     let run = |limits: Option<&Path>| {
