@@ -165,18 +165,12 @@ impl Pools {
                 .checked_next_multiple_of(l.granule)
                 .unwrap_or(u64::MAX)
         };
-        let need = need_of(&l);
+        let mut need = need_of(&l);
         if need > 0 && !rt.try_charge(device, need, limit) {
             // The pools may have given memory back at a synchronisation.
-            let pools: Vec<u64> = inner.ledgers.keys().copied().collect();
-            for p in pools {
-                if let Some(mut other) = inner.ledgers.get(&p).copied() {
-                    reconcile(rt, drv, p, &mut other);
-                    inner.ledgers.insert(p, other);
-                }
-            }
+            reconcile_locked(rt, drv, &mut inner, None);
             l = inner.ledgers.get(&pool).copied().unwrap_or(l);
-            let need = need_of(&l);
+            need = need_of(&l);
             if need > 0 && !rt.try_charge(device, need, limit) {
                 log::log(Level::Debug, || {
                     format!(
@@ -187,16 +181,13 @@ impl Pools {
                 });
                 return OUT_OF_MEMORY;
             }
-            l.charged += need;
-        } else {
-            l.charged += need;
         }
-        let charged_before = l.charged;
+        let reserve_before = l.charged;
+        l.charged += need;
         let result = driver();
         let rc = match result {
             Ok(ptr) => {
                 l.outstanding += bytes;
-                let reserve_before = charged_before.saturating_sub(need);
                 if let Some(now) = drv.reserved(pool) {
                     // Learn a coarser step if the pool grew past the charge.
                     let grown = now.saturating_sub(reserve_before);
