@@ -273,17 +273,23 @@ unsafe extern "C" fn no_dlsym(_handle: *mut c_void, _symbol: *const c_char) -> *
     null_mut()
 }
 
+/// glibc's own `name` (a function this library also exports): the
+/// definition after this library, by symbol version (2.34, where the dl*
+/// functions moved into libc, else 2.2.5); `missing` if neither exists.
+fn glibc_next(name: &CStr, missing: *mut c_void) -> *mut c_void {
+    [c"GLIBC_2.34", c"GLIBC_2.2.5"]
+        .iter()
+        // SAFETY: dlvsym is given valid NUL-terminated strings; RTLD_NEXT
+        // asks for the definition after this library (libc's).
+        .map(|version| unsafe { libc::dlvsym(RTLD_NEXT, name.as_ptr(), version.as_ptr()) })
+        .find(|p| !p.is_null())
+        .unwrap_or(missing)
+}
+
 fn real_dlsym() -> FnDlsym {
     let mut p = REAL_DLSYM.load(Ordering::Acquire);
     if p.is_null() {
-        p = [c"GLIBC_2.34", c"GLIBC_2.2.5"]
-            .iter()
-            // SAFETY: dlvsym is given valid NUL-terminated strings; RTLD_NEXT
-            // asks for the definition after this library (libc's; this library
-            // exports the only other `dlsym`).
-            .map(|version| unsafe { libc::dlvsym(RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) })
-            .find(|p| !p.is_null())
-            .unwrap_or(no_dlsym as *mut c_void);
+        p = glibc_next(c"dlsym", no_dlsym as *mut c_void);
         REAL_DLSYM.store(p, Ordering::Release);
     }
     // SAFETY: p is glibc's dlsym (or no_dlsym), both with dlsym's signature.
@@ -764,13 +770,7 @@ fn tracked_free(hook: Hook, space: Space, handle: u64, call: impl Fn() -> CUresu
                 handle,
                 || driver.call(&call),
                 |tracked, free| {
-                    crate::pools::global().release(
-                        rt,
-                        &lifetimes::CudaPools,
-                        handle,
-                        tracked,
-                        || driver.call(&mut *free),
-                    )
+                    crate::pools::global().release(rt, &lifetimes::CudaPools, handle, tracked, free)
                 },
             )
         },
@@ -1678,13 +1678,7 @@ const RTLD_DEEPBIND: c_int = 0x8;
 #[cfg(all(target_arch = "x86_64", not(test)))]
 extern "C" fn dlopen_flags(_file: *const c_char, flags: c_int) -> c_int {
     if REAL_DLOPEN.load(Ordering::Acquire).is_null() {
-        let p = [c"GLIBC_2.34", c"GLIBC_2.2.5"]
-            .iter()
-            // SAFETY: dlvsym with valid NUL-terminated strings; RTLD_NEXT
-            // asks for the definition after this library (libc's).
-            .map(|version| unsafe { libc::dlvsym(RTLD_NEXT, c"dlopen".as_ptr(), version.as_ptr()) })
-            .find(|p| !p.is_null())
-            .unwrap_or(no_dlopen as *mut c_void);
+        let p = glibc_next(c"dlopen", no_dlopen as *mut c_void);
         REAL_DLOPEN.store(p, Ordering::Release);
     }
     if flags & RTLD_DEEPBIND == 0 {

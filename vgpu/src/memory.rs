@@ -198,13 +198,13 @@ fn record(rt: &Runtime, handle: u64, tracked: Tracked) {
 /// A free of `handle` in `space`: the charge is given back once the driver
 /// freed it. O(1): one table removal. A stream-ordered allocation (freed
 /// with `cuMemFree` or `cuMemFreeAsync`) goes back to its pool, whose
-/// ledger `pooled` updates (it makes the driver call itself).
-pub fn release(
+/// ledger `pooled` updates (it is handed the driver call to make).
+pub fn release<D: FnOnce() -> CuResult>(
     rt: &Runtime,
     space: Space,
     handle: u64,
-    driver: impl FnOnce() -> CuResult,
-    pooled: impl FnOnce(Tracked, &mut dyn FnMut() -> CuResult) -> CuResult,
+    driver: D,
+    pooled: impl FnOnce(Tracked, D) -> CuResult,
 ) -> CuResult {
     if !rt.enforcing() {
         return driver();
@@ -213,8 +213,7 @@ pub fn release(
     if let Some(t) = tracked
         && t.kind == Kind::Async
     {
-        let mut driver = Some(driver);
-        return pooled(t, &mut || driver.take().map_or(SUCCESS, |d| d()));
+        return pooled(t, driver);
     }
     let rc = driver();
     if let Some(tracked) = tracked {
@@ -245,7 +244,7 @@ mod tests {
 
     static ONE: FakePlatform = FakePlatform(&["GPU-0"]);
 
-    fn no_pool(_: Tracked, _: &mut dyn FnMut() -> CuResult) -> CuResult {
+    fn no_pool<D>(_: Tracked, _: D) -> CuResult {
         panic!("not a stream-ordered allocation")
     }
 

@@ -120,6 +120,22 @@ impl Drop for Stresser {
 /// The processes a watcher stops to read a consistent total.
 type Watched = std::sync::Mutex<Vec<u32>>;
 
+/// A fresh process is told the whole slice is free, and gets it in one block.
+fn assert_the_whole_slice_is_free(node: &Node, limits: &Path) {
+    let fresh = script(
+        node,
+        Some(limits),
+        &["retain 0", "info start", "alloc all 1024"],
+    );
+    expect_steps(&fresh, &["ok", "ok", "ok"]);
+    assert_eq!(
+        fresh.num("start.free"),
+        SLICE_MIB * MIB,
+        "{}",
+        fresh.describe()
+    );
+}
+
 /// Whether `pid` is stopped (or gone).
 fn stopped(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -239,12 +255,7 @@ fn four_processes_running_into_the_limit_hold_no_more_than_it_together() {
         "at some point the GPU held {max_seen} bytes for the container"
     );
     // And what they left is the whole slice again.
-    let fresh = script(
-        &node,
-        Some(&limits),
-        &["retain 0", "alloc all 1024", "info after"],
-    );
-    expect_steps(&fresh, &["ok", "ok", "ok"]);
+    assert_the_whole_slice_is_free(&node, &limits);
 }
 
 // ---------------------------------------------------------------------------
@@ -905,13 +916,7 @@ fn random_processes_threads_and_kills_never_exceed_the_slice() {
         "the GPU held {max_seen} bytes for the container"
     );
     // Everything was killed: a fresh process finds the whole slice free.
-    let fresh = script(
-        &node,
-        Some(&limits),
-        &["retain 0", "info start", "alloc all 1024"],
-    );
-    expect_steps(&fresh, &["ok", "ok", "ok"]);
-    assert_eq!(fresh.num("start.free"), SLICE_MIB * MIB);
+    assert_the_whole_slice_is_free(&node, &limits);
 }
 
 #[test]
