@@ -16,13 +16,9 @@ use tessera_driver::DriverError;
 use tessera_driver::discover::DiscoverError;
 use tessera_driver::nvml::NvmlDriver;
 use tessera_model::cdi::{Spec, SpecError};
+use tessera_model::contract;
 use tessera_model::edits::{self, HookSettings};
 use tessera_model::facts::NodeFacts;
-
-/// The vendor/class of the per-node static spec.
-pub const STATIC_KIND: &str = "tessera.io/gpu";
-/// Where the static spec goes by default.
-pub const DEFAULT_STATIC_SPEC_PATH: &str = "/var/run/cdi/tessera.io-gpu.json";
 
 /// Errors of the generator library; each renders as one line.
 #[derive(Debug, thiserror::Error)]
@@ -93,5 +89,9 @@ pub fn static_spec(facts: &NodeFacts, hook: &HookSettings) -> Result<Spec, CdiGe
     if devices.is_empty() {
         return Err(CdiGenError::NoDevices);
     }
-    Ok(Spec::new(STATIC_KIND, devices, edits::common(facts, hook))?)
+    Ok(Spec::new(
+        contract::cdi::GPU_KIND,
+        devices,
+        edits::common(facts, hook),
+    )?)
 }

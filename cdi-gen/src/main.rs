@@ -94,7 +94,7 @@ fn report(err: &tessera_cdi::CdiGenError) {
 }
 
 fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+    let filter = tracing_subscriber::EnvFilter::try_from_env(tessera_model::contract::env::LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

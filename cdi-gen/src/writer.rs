@@ -95,7 +95,9 @@ mod tests {
     #[test]
     fn atomic_write_replaces_content_with_mode_0644_and_leaves_no_temp() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tessera.io-gpu.json");
+        let path = dir
+            .path()
+            .join(tessera_model::contract::cdi::STATIC_SPEC_FILE);
         write_atomic(&path, b"old").unwrap();
         write_atomic(&path, b"new").unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"new");

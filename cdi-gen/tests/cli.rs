@@ -9,7 +9,7 @@ mod support;
 use std::fs;
 use std::path::Path;
 
-use support::{create_node, stderr_of, tessera_cdi};
+use support::{stderr_of, tessera_cdi};
 
 /// Runs `generate` against `root` into `out`, with extra arguments.
 fn generate(root: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
@@ -35,16 +35,21 @@ fn generate_fails(root: &Path, out: &Path) -> String {
     lines[0].to_owned()
 }
 
-/// A node and an existing spec file whose bytes must survive a failed run.
+/// A node and an existing spec file whose bytes must survive a failed run;
+/// `None` after a skip where nodes cannot be built.
 fn node_with_previous_spec(
     profile: &str,
-) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("node");
-    create_node(profile, &root);
+) -> Option<(tempfile::TempDir, std::path::PathBuf, std::path::PathBuf)> {
+    let (dir, root) = support::node(profile)?;
     let out = dir.path().join("tessera.io-gpu.json");
     fs::write(&out, b"previous spec").unwrap();
-    (dir, root, out)
+    Some((dir, root, out))
+}
+
+/// Rewrites the text file at `path` through `change`.
+fn edit(path: &Path, change: impl FnOnce(&str) -> String) {
+    let text = fs::read_to_string(path).unwrap();
+    fs::write(path, change(&text)).unwrap();
 }
 
 fn assert_untouched(out: &Path) {
@@ -76,51 +81,60 @@ fn missing_driver_root_is_one_line_naming_it() {
     assert_untouched(&out);
 }
 
+/// Damages a fresh node with `damage`, runs `generate` on it, and checks
+/// its one error line names each of `named`; the previous spec stays.
+fn damaged_node_fails_in_one_line(damage: impl FnOnce(&Path), named: &[&str]) {
+    let Some((_dir, root, out)) = node_with_previous_spec("demo") else {
+        return;
+    };
+    damage(&root);
+    let line = generate_fails(&root, &out);
+    for name in named {
+        assert!(line.contains(name), "want {name:?} in: {line}");
+    }
+    assert_untouched(&out);
+}
+
+const NVML: &str = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
+
 #[test]
 fn driver_root_without_nvml_is_one_line() {
-    let (_dir, root, out) = node_with_previous_spec("demo");
-    fs::remove_file(root.join("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")).unwrap();
-    let line = generate_fails(&root, &out);
-    assert!(line.contains("libnvidia-ml.so.1"), "{line}");
-    assert_untouched(&out);
+    damaged_node_fails_in_one_line(
+        |root| fs::remove_file(root.join(NVML)).unwrap(),
+        &["libnvidia-ml.so.1"],
+    );
 }
 
 #[test]
 fn nvml_that_fails_to_load_is_one_line() {
-    let (_dir, root, out) = node_with_previous_spec("demo");
-    fs::write(
-        root.join("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
-        b"not an ELF file",
-    )
-    .unwrap();
-    let line = generate_fails(&root, &out);
-    assert!(line.contains("NVML"), "{line}");
-    assert_untouched(&out);
+    damaged_node_fails_in_one_line(
+        |root| fs::write(root.join(NVML), b"not an ELF file").unwrap(),
+        &["NVML"],
+    );
 }
 
 #[test]
 fn corrupt_mig_minors_names_file_and_line() {
-    let (_dir, root, out) = node_with_previous_spec("demo");
-    let path = root.join("proc/driver/nvidia-caps/mig-minors");
-    let mut text = fs::read_to_string(&path).unwrap();
-    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
-    lines[6] = "gpu0/gi1/access".to_owned();
-    text = lines.join("\n");
-    fs::write(&path, text).unwrap();
-    let line = generate_fails(&root, &out);
-    assert!(line.contains("mig-minors line 7"), "{line}");
-    assert!(line.contains("gpu0/gi1/access"), "{line}");
-    assert_untouched(&out);
+    damaged_node_fails_in_one_line(
+        |root| {
+            edit(&root.join("proc/driver/nvidia-caps/mig-minors"), |text| {
+                let mut lines: Vec<&str> = text.lines().collect();
+                lines[6] = "gpu0/gi1/access";
+                lines.join("\n")
+            });
+        },
+        &["mig-minors line 7", "gpu0/gi1/access"],
+    );
 }
 
 #[test]
 fn unknown_gpu_model_in_the_node_fails_at_nvml_init() {
-    let (_dir, root, out) = node_with_previous_spec("demo");
-    let path = root.join("run/tessera-sim/state.json");
-    let state = fs::read_to_string(&path)
-        .unwrap()
-        .replacen("\"H100-80GB\"", "\"H300-1TB\"", 1);
-    fs::write(&path, state).unwrap();
+    let Some((_dir, root, out)) = node_with_previous_spec("demo") else {
+        return;
+    };
+    edit(&root.join("run/tessera-sim/state.json"), |state| {
+        state.replacen("\"H100-80GB\"", "\"H300-1TB\"", 1)
+    });
     let result = generate(&root, &out, &[]);
     let stderr = stderr_of(&result);
     assert_eq!(result.status.code(), Some(1), "{stderr}");
@@ -144,7 +158,9 @@ fn unknown_gpu_model_in_the_node_fails_at_nvml_init() {
 
 #[test]
 fn relative_hook_path_is_refused() {
-    let (_dir, root, out) = node_with_previous_spec("demo");
+    let Some((_dir, root, out)) = node_with_previous_spec("demo") else {
+        return;
+    };
     let result = generate(&root, &out, &["--hook-path", "tessera-hook"]);
     let stderr = stderr_of(&result);
     assert_eq!(result.status.code(), Some(1));
@@ -157,9 +173,9 @@ fn relative_hook_path_is_refused() {
 
 #[test]
 fn list_shows_every_device_of_the_node() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("node");
-    create_node("demo", &root);
+    let Some((_dir, root)) = support::node("demo") else {
+        return;
+    };
     let result = tessera_cdi(["list".as_ref(), "--driver-root".as_ref(), root.as_os_str()]);
     assert!(result.status.success(), "{}", stderr_of(&result));
     let table = String::from_utf8_lossy(&result.stdout);
@@ -174,7 +190,9 @@ fn list_shows_every_device_of_the_node() {
 
 #[test]
 fn validate_accepts_a_generated_spec_and_reports_every_problem_of_a_bad_one() {
-    let (dir, root, out) = node_with_previous_spec("demo");
+    let Some((dir, root, out)) = node_with_previous_spec("demo") else {
+        return;
+    };
     let ok = generate(&root, &out, &[]);
     assert!(ok.status.success(), "{}", stderr_of(&ok));
     let valid = tessera_cdi(["validate".as_ref(), out.as_os_str()]);
@@ -300,7 +318,9 @@ fn validate_takes_several_files_and_holds_transient_specs_to_the_contract() {
 
 #[test]
 fn generate_writes_the_hook_config_into_the_hook_args() {
-    let (dir, root, out) = node_with_previous_spec("demo");
+    let Some((dir, root, out)) = node_with_previous_spec("demo") else {
+        return;
+    };
     let result = generate(&root, &out, &["--hook-config", "/etc/tessera/node-a.toml"]);
     assert!(result.status.success(), "{}", stderr_of(&result));
     let spec: serde_json::Value = serde_json::from_slice(&fs::read(&out).unwrap()).unwrap();

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use tessera_model::facts::{CharDevice, GpuFacts, MigDeviceFacts, NodeFacts};
 use tessera_model::gpu::GpuInfo;
 
-use crate::devices::{self, DevicesError};
+use crate::devices::{self, DevicesError, HostNodes, NodeStat};
 use crate::procfs::{self, MigMinors, ProcDevices, ProcError, io_reason};
 use crate::{DriverError, GpuDriver};
 
@@ -87,6 +87,16 @@ pub enum DiscoverError {
 /// ([`devices::driver_files`]). A failing driver-version query is logged and
 /// leaves the version unknown; every other driver error fails discovery.
 pub fn discover(root: &Path, driver: &dyn GpuDriver) -> Result<NodeFacts, DiscoverError> {
+    discover_with(root, driver, &HostNodes)
+}
+
+/// [`discover`], with the device nodes as `nodes` sees them (tests describe
+/// them with [`FakeNodes`](devices::FakeNodes) instead of making them).
+pub fn discover_with(
+    root: &Path,
+    driver: &dyn GpuDriver,
+    nodes: &dyn NodeStat,
+) -> Result<NodeFacts, DiscoverError> {
     check_root(root)?;
 
     let proc_devices = match ProcDevices::read(root) {
@@ -112,7 +122,7 @@ pub fn discover(root: &Path, driver: &dyn GpuDriver) -> Result<NodeFacts, Discov
     let mut mig_minors: Option<MigMinors> = None;
     let mut facts = Vec::with_capacity(gpus.len());
     for info in gpus {
-        let node = gpu_node(root, &info, proc_devices.as_ref())?;
+        let node = gpu_node(root, &info, proc_devices.as_ref(), nodes)?;
         let mig_devices = if info.mig_enabled() {
             let devices = driver.mig_devices(info.index)?;
             if devices.is_empty() {
@@ -141,7 +151,7 @@ pub fn discover(root: &Path, driver: &dyn GpuDriver) -> Result<NodeFacts, Discov
         });
     }
 
-    let control_nodes = devices::control_nodes(root)?;
+    let control_nodes = devices::control_nodes(root, nodes)?;
     let libraries = devices::driver_files(root, driver_version.as_deref());
     Ok(NodeFacts {
         driver_version,
@@ -157,8 +167,9 @@ fn gpu_node(
     root: &Path,
     info: &GpuInfo,
     proc_devices: Option<&ProcDevices>,
+    nodes: &dyn NodeStat,
 ) -> Result<CharDevice, DiscoverError> {
-    if let Some(node) = devices::gpu_node(root, info.minor)? {
+    if let Some(node) = devices::gpu_node(root, info.minor, nodes)? {
         if node.minor != info.minor {
             tracing::warn!(
                 path = %node.host_path,
@@ -244,20 +255,9 @@ fn mig_device_facts(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::FakeNodes;
     use crate::fake::{FakeDriver, FakeGpu};
     use tessera_model::mig::Placement;
-
-    fn mknod(path: &Path, major: u32, minor: u32) {
-        fs::create_dir_all(path.parent().unwrap()).unwrap();
-        let status = std::process::Command::new("mknod")
-            .arg(path)
-            .arg("c")
-            .arg(major.to_string())
-            .arg(minor.to_string())
-            .status()
-            .expect("run mknod");
-        assert!(status.success(), "mknod {} failed", path.display());
-    }
 
     fn write(root: &Path, rel: &str, text: &str) {
         let path = root.join(rel);
@@ -267,15 +267,32 @@ mod tests {
 
     const PROC_DEVICES: &str = "Character devices:\n  1 mem\n195 nvidia-frontend\n238 nvidia-caps\n505 nvidia-uvm\n\nBlock devices:\n  8 sd\n";
 
+    /// A fixture node: files on disk under a temp root, device nodes described.
+    struct Node {
+        dir: tempfile::TempDir,
+        nodes: FakeNodes,
+    }
+
+    impl Node {
+        fn path(&self) -> &Path {
+            self.dir.path()
+        }
+
+        fn discover(&self, driver: &dyn GpuDriver) -> Result<NodeFacts, DiscoverError> {
+            discover_with(self.path(), driver, &self.nodes)
+        }
+    }
+
     /// A fixture root: two GPUs (minors 0 and 2), control nodes, /proc files, libraries.
-    fn node_root() -> tempfile::TempDir {
-        let root = tempfile::tempdir().unwrap();
-        let r = root.path();
-        mknod(&r.join("dev/nvidia0"), 195, 0);
-        mknod(&r.join("dev/nvidia2"), 195, 2);
-        mknod(&r.join("dev/nvidiactl"), 195, 255);
-        mknod(&r.join("dev/nvidia-uvm"), 505, 0);
-        mknod(&r.join("dev/nvidia-uvm-tools"), 505, 1);
+    fn node_root() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        let nodes = FakeNodes::new()
+            .with_char_device(r.join("dev/nvidia0"), 195, 0)
+            .with_char_device(r.join("dev/nvidia2"), 195, 2)
+            .with_char_device(r.join("dev/nvidiactl"), 195, 255)
+            .with_char_device(r.join("dev/nvidia-uvm"), 505, 0)
+            .with_char_device(r.join("dev/nvidia-uvm-tools"), 505, 1);
         write(r, "proc/devices", PROC_DEVICES);
         write(
             r,
@@ -286,7 +303,7 @@ mod tests {
         write(r, "usr/lib/x86_64-linux-gnu/libcuda.so.1", "");
         write(r, "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "");
         write(r, "usr/bin/nvidia-smi", "");
-        root
+        Node { dir, nodes }
     }
 
     fn p(start: u32, size: u32) -> Placement {
@@ -303,7 +320,7 @@ mod tests {
             .with_gpu(FakeGpu::a100_40gb(1).with_minor(2))
             .with_mig_device(1, 9, p(4, 4))
             .with_mig_device(1, 19, p(0, 1));
-        let facts = discover(r, &driver).unwrap();
+        let facts = root.discover(&driver).unwrap();
 
         assert_eq!(facts.driver_version.as_deref(), Some("550.54.14"));
         assert_eq!(facts.gpus.len(), 2);
@@ -380,7 +397,7 @@ mod tests {
         let root = node_root();
         let driver =
             FakeDriver::new().with_gpu(FakeGpu::plain(0, "NVIDIA T4", 15360).with_minor(5));
-        let facts = discover(root.path(), &driver).unwrap();
+        let facts = root.discover(&driver).unwrap();
         let node = &facts.gpus[0].node;
         assert_eq!(node.container_path, "/dev/nvidia5");
         assert_eq!((node.major, node.minor), (195, 5));
@@ -400,18 +417,24 @@ mod tests {
         );
     }
 
-    #[test]
-    fn corrupt_mig_minors_names_file_and_line() {
+    /// Discovery on the fixture root with `file` rewritten to `text`, for an
+    /// A100 with one MIG device; the root is kept alive for the error's paths.
+    fn one_mig_device_with_file(file: &str, text: &str) -> (Node, DiscoverError) {
         let root = node_root();
-        write(
-            root.path(),
-            "proc/driver/nvidia-caps/mig-minors",
-            "config 1\ngpu0/gi1/access\n",
-        );
+        write(root.path(), file, text);
         let driver = FakeDriver::new()
             .with_gpu(FakeGpu::a100_40gb(0))
             .with_mig_device(0, 19, p(0, 1));
-        let err = discover(root.path(), &driver).unwrap_err();
+        let err = root.discover(&driver).unwrap_err();
+        (root, err)
+    }
+
+    #[test]
+    fn corrupt_mig_minors_names_file_and_line() {
+        let (root, err) = one_mig_device_with_file(
+            "proc/driver/nvidia-caps/mig-minors",
+            "config 1\ngpu0/gi1/access\n",
+        );
         assert_eq!(
             err.to_string(),
             format!(
@@ -426,11 +449,11 @@ mod tests {
         let root = node_root();
         fs::remove_file(root.path().join("proc/driver/nvidia-caps/mig-minors")).unwrap();
         let driver = FakeDriver::new().with_gpu(FakeGpu::a100_40gb(0));
-        let facts = discover(root.path(), &driver).unwrap();
+        let facts = root.discover(&driver).unwrap();
         assert!(facts.gpus[0].mig_devices.is_empty());
 
         let driver = driver.with_mig_device(0, 19, p(0, 1));
-        let err = discover(root.path(), &driver).unwrap_err();
+        let err = root.discover(&driver).unwrap_err();
         assert!(
             matches!(err, DiscoverError::Proc(ProcError::Missing { .. })),
             "{err:?}"
@@ -446,7 +469,7 @@ mod tests {
             .with_mig_device(0, 19, p(0, 1))
             .with_mig_device(0, 19, p(1, 1))
             .with_mig_device(0, 19, p(2, 1));
-        let err = discover(root.path(), &driver).unwrap_err();
+        let err = root.discover(&driver).unwrap_err();
         assert_eq!(
             err.to_string(),
             format!(
@@ -458,16 +481,10 @@ mod tests {
 
     #[test]
     fn caps_major_missing_while_mig_devices_exist() {
-        let root = node_root();
-        write(
-            root.path(),
+        let (_root, err) = one_mig_device_with_file(
             "proc/devices",
             "Character devices:\n195 nvidia\n505 nvidia-uvm\n",
         );
-        let driver = FakeDriver::new()
-            .with_gpu(FakeGpu::a100_40gb(0))
-            .with_mig_device(0, 19, p(0, 1));
-        let err = discover(root.path(), &driver).unwrap_err();
         assert!(
             matches!(err, DiscoverError::CapsMajorMissing { gpu: 0, .. }),
             "{err:?}"
@@ -489,7 +506,7 @@ mod tests {
                 reason: "gpu 0: Unknown Error".into(),
             },
         );
-        let err = discover(root.path(), &driver).unwrap_err();
+        let err = root.discover(&driver).unwrap_err();
         assert!(matches!(err, DiscoverError::Driver(_)), "{err:?}");
         assert_eq!(
             err.to_string(),
@@ -499,9 +516,10 @@ mod tests {
 
     #[test]
     fn a_missing_nvidiactl_fails_discovery() {
-        let root = node_root();
-        fs::remove_file(root.path().join("dev/nvidiactl")).unwrap();
-        let err = discover(root.path(), &FakeDriver::new()).unwrap_err();
+        let mut root = node_root();
+        let ctl = root.path().join("dev/nvidiactl");
+        root.nodes = root.nodes.without(&ctl);
+        let err = root.discover(&FakeDriver::new()).unwrap_err();
         assert!(
             matches!(err, DiscoverError::Devices(DevicesError::Missing { .. })),
             "{err:?}"

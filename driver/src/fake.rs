@@ -1,7 +1,7 @@
 //! [`FakeDriver`]: an in-memory [`GpuDriver`] for unit tests of its callers.
 //!
-//! Built step by step (GPUs with their profiles and placements, pre-existing
-//! instances), it applies the MIG rules that matter to callers, simply:
+//! Built step by step (GPUs with their profiles and placements, taken from the
+//! model catalogue with [`FakeGpu::of_model`]; pre-existing instances), it applies the MIG rules that matter to callers, simply:
 //!
 //! - an unknown GPU, GI or CI → [`DriverError::NotFound`];
 //! - an unknown profile id, or a placement that is not one of the profile's legal
@@ -26,6 +26,7 @@ use tessera_model::gpu::{
     ComputeInstance, GpuInfo, GpuInstance, GpuInstanceProfileInfo, MigDevice, MigModeState,
 };
 use tessera_model::mig::Placement;
+use tessera_model::mig::catalogue::{self, GiProfileSpec, GpuModelSpec};
 
 use crate::{DriverError, GpuDriver};
 
@@ -68,70 +69,29 @@ impl FakeGpu {
         })
     }
 
-    /// An A100-SXM4-40GB with MIG enabled and the verified profile table of
-    /// `reference/mig.md` (ids 19, 14, 9, 5, 0, 20, 15; an axis of 8 memory slices);
-    /// minor = index.
-    pub fn a100_40gb(index: u32) -> Self {
-        // (enum, id, name, slices, MiB, SMs, max instances, starts, size)
-        type Row = (
-            u32,
-            u32,
-            &'static str,
-            u32,
-            u64,
-            u32,
-            u32,
-            &'static [u32],
-            u32,
-        );
-        const TABLE: &[Row] = &[
-            (0, 19, "1g.5gb", 1, 4864, 14, 7, &[0, 1, 2, 3, 4, 5, 6], 1),
-            (1, 14, "2g.10gb", 2, 9856, 28, 3, &[0, 2, 4], 2),
-            (2, 9, "3g.20gb", 3, 20096, 42, 2, &[0, 4], 4),
-            (3, 5, "4g.20gb", 4, 20096, 56, 1, &[0], 4),
-            (4, 0, "7g.40gb", 7, 40192, 98, 1, &[0], 8),
-            (
-                7,
-                20,
-                "1g.5gb+me",
-                1,
-                4864,
-                14,
-                1,
-                &[0, 1, 2, 3, 4, 5, 6],
-                1,
-            ),
-            (9, 15, "1g.10gb", 1, 9856, 14, 4, &[0, 2, 4, 6], 2),
-        ];
-        let mut gpu = Self::new(GpuInfo {
-            index,
-            minor: index,
-            uuid: format!("GPU-a100{index:04x}-0000-4000-8000-000000000000"),
-            name: "NVIDIA A100-SXM4-40GB".to_string(),
-            memory_mib: 40960,
-            mig: Some(MigModeState {
-                current: true,
-                pending: true,
-            }),
-        });
-        for &(enum_index, id, name, slices, mib, sms, count, starts, size) in TABLE {
-            gpu = gpu.with_profile(
-                GpuInstanceProfileInfo {
-                    id,
-                    enum_index,
-                    name: name.to_string(),
-                    slice_count: slices,
-                    memory_mib: mib,
-                    multiprocessor_count: sms,
-                    instance_count: count,
-                },
-                starts
-                    .iter()
-                    .map(|&start| Placement { start, size })
-                    .collect(),
-            );
+    /// A GPU of a model from the catalogue ([`catalogue::find`]): its product
+    /// name and memory and, for a MIG-capable model, MIG enabled with the
+    /// catalogue's GPU-instance profiles (in NVML enum order) and their legal
+    /// placements. Minor = index, uuid derived from the index.
+    pub fn of_model(index: u32, model: &GpuModelSpec) -> Self {
+        let mut gpu = Self::plain(index, model.product_name, model.memory_mib);
+        if let Some(mig) = model.mig {
+            gpu = gpu.with_mig_enabled(true);
+            let mut profiles: Vec<&GiProfileSpec> = mig.profiles.iter().collect();
+            profiles.sort_by_key(|p| p.enum_index);
+            for p in profiles {
+                gpu = gpu.with_profile(profile_info(p), p.placements().collect());
+            }
         }
         gpu
+    }
+
+    /// An A100-SXM4-40GB from the catalogue (ids 19, 14, 9, 5, 0, 20, 15 in enum
+    /// order; an axis of 8 memory slices) with MIG enabled; minor = index.
+    pub fn a100_40gb(index: u32) -> Self {
+        let model = catalogue::find("A100-40GB").expect("the catalogue holds the A100-40GB");
+        Self::of_model(index, model)
+            .with_uuid(&format!("GPU-a100{index:04x}-0000-4000-8000-000000000000"))
     }
 
     /// Adds a profile with its legal placements.
@@ -297,17 +257,16 @@ impl FakeDriver {
     }
 }
 
-/// The CI profile enum (= id) of the CI that spans a GI of `slices` compute slices.
-fn whole_ci_profile(slices: u32) -> u32 {
-    match slices {
-        1 => 0,
-        2 => 1,
-        3 => 2,
-        4 => 3,
-        7 => 4,
-        8 => 5,
-        6 => 6,
-        other => other,
+/// A catalogue profile as the driver reports it.
+pub fn profile_info(profile: &GiProfileSpec) -> GpuInstanceProfileInfo {
+    GpuInstanceProfileInfo {
+        id: profile.id,
+        enum_index: profile.enum_index,
+        name: profile.name.to_string(),
+        slice_count: profile.compute_slices,
+        memory_mib: profile.memory_mib,
+        multiprocessor_count: profile.sm_count,
+        instance_count: profile.max_instances,
     }
 }
 
@@ -426,7 +385,8 @@ impl State {
             gpu_index: gpu,
             gpu_instance_id: gi_id,
             id: 0,
-            profile_id: whole_ci_profile(gi.profile.slice_count),
+            profile_id: catalogue::whole_ci_profile(gi.profile.slice_count)
+                .unwrap_or(gi.profile.slice_count),
         };
         gi.cis.push(FakeCi {
             ci,
@@ -618,6 +578,22 @@ mod tests {
             d.gpu_instance_profiles(7),
             Err(DriverError::NotFound(_))
         ));
+    }
+
+    #[test]
+    fn catalogue_gpus_report_the_catalogue_profiles() {
+        let a100 = FakeGpu::a100_40gb(0);
+        assert_eq!(a100.info.name, "NVIDIA A100-SXM4-40GB");
+        assert_eq!(a100.info.memory_mib, 40960);
+        let seven = a100.profiles.iter().find(|p| p.info.id == 0).unwrap();
+        assert_eq!(seven.info.name, "7g.40gb");
+        assert_eq!(seven.info.memory_mib, 40448, "the catalogue's figure");
+        assert_eq!(seven.placements, [p(0, 8)]);
+
+        let a30 = FakeGpu::of_model(1, catalogue::find("A30").unwrap());
+        let ids: Vec<u32> = a30.profiles.iter().map(|p| p.info.id).collect();
+        assert_eq!(ids, [14, 5, 0, 21, 6], "NVML enum order");
+        assert!(a30.info.mig_enabled());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use tessera_model::gpu::{
 };
 use tessera_model::mig::Placement;
 
-use crate::nvml_raw::{self, RawError, RawGiInfo};
+use crate::nvml_raw::{self, RawCiInfo, RawError, RawGiInfo};
 use crate::{DriverError, GpuDriver};
 
 const MIB: u64 = 1024 * 1024;
@@ -127,6 +127,15 @@ fn gi_from_raw(gpu: u32, gi: RawGiInfo) -> GpuInstance {
             start: gi.start,
             size: gi.size,
         },
+    }
+}
+
+fn ci_from_raw(gpu: u32, gpu_instance_id: u32, ci: RawCiInfo) -> ComputeInstance {
+    ComputeInstance {
+        gpu_index: gpu,
+        gpu_instance_id,
+        id: ci.id,
+        profile_id: ci.profile_id,
     }
 }
 
@@ -335,12 +344,7 @@ impl GpuDriver for NvmlDriver {
             .map_err(|e| raw_error(e, format!("gpu {gpu}, GPU instance {gpu_instance_id}")))?;
         Ok(cis
             .into_iter()
-            .map(|ci| ComputeInstance {
-                gpu_index: gpu,
-                gpu_instance_id,
-                id: ci.id,
-                profile_id: ci.profile_id,
-            })
+            .map(|ci| ci_from_raw(gpu, gpu_instance_id, ci))
             .collect())
     }
 
@@ -381,12 +385,7 @@ impl GpuDriver for NvmlDriver {
                 .map_err(|e| {
                     raw_error(e, format!("{}, CI profile id {}", what(), ci_profile.id))
                 })?;
-        Ok(ComputeInstance {
-            gpu_index: gpu,
-            gpu_instance_id,
-            id: ci.id,
-            profile_id: ci.profile_id,
-        })
+        Ok(ci_from_raw(gpu, gpu_instance_id, ci))
     }
 
     fn destroy_compute_instance(

@@ -151,16 +151,7 @@ impl ProcDevices {
                 in_char = line == "Character devices:";
                 continue;
             }
-            let mut fields = line.split_whitespace();
-            let (Some(major), Some(name), None) = (fields.next(), fields.next(), fields.next())
-            else {
-                return Err(ProcError::Malformed {
-                    path: path.to_path_buf(),
-                    line: i + 1,
-                    expected: "<major> <name>",
-                    found: quote(line),
-                });
-            };
+            let (major, name) = two_fields(line, path, i + 1, "<major> <name>")?;
             let major = parse_number(major).ok_or_else(|| ProcError::BadNumber {
                 path: path.to_path_buf(),
                 line: i + 1,
@@ -200,6 +191,26 @@ impl ProcDevices {
     /// The (dynamic) major of the MIG capability nodes `/dev/nvidia-caps/nvidia-cap<m>`.
     pub fn nvidia_caps(&self) -> Option<u32> {
         self.char_major("nvidia-caps")
+    }
+}
+
+/// The two whitespace-separated fields of `line` (line `line_no` of `path`);
+/// `Malformed`, naming the `expected` form, for any other number of fields.
+fn two_fields<'a>(
+    line: &'a str,
+    path: &Path,
+    line_no: usize,
+    expected: &'static str,
+) -> Result<(&'a str, &'a str), ProcError> {
+    let mut fields = line.split_whitespace();
+    match (fields.next(), fields.next(), fields.next()) {
+        (Some(first), Some(second), None) => Ok((first, second)),
+        _ => Err(ProcError::Malformed {
+            path: path.to_path_buf(),
+            line: line_no,
+            expected,
+            found: quote(line),
+        }),
     }
 }
 
@@ -271,16 +282,7 @@ impl MigMinors {
             if line.is_empty() {
                 continue;
             }
-            let mut fields = line.split_whitespace();
-            let (Some(cap_text), Some(minor), None) = (fields.next(), fields.next(), fields.next())
-            else {
-                return Err(ProcError::Malformed {
-                    path: path.to_path_buf(),
-                    line: line_no,
-                    expected: "<cap> <minor>",
-                    found: quote(line),
-                });
-            };
+            let (cap_text, minor) = two_fields(line, path, line_no, "<cap> <minor>")?;
             let cap = Cap::parse(cap_text).ok_or_else(|| ProcError::UnknownCapability {
                 path: path.to_path_buf(),
                 line: line_no,

@@ -3,13 +3,11 @@
 //! as `<root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1`, and the driver loads it
 //! exactly as it loads the real library.
 //!
-//! Needs `target/<profile>/tessera-sim` and `libtessera_sim_nvml.so` next to the
-//! test's own `deps/` directory: build them first with
-//! `cargo build -p tessera-sim -p tessera-sim-nvml -p tessera-sim-cuda`. Without them every test here
-//! prints `SKIPPED: …` to stderr and passes, unless `TESSERA_REQUIRE_SIM` or `CI` is
-//! set, which makes it fail.
+//! Needs root (the node's device nodes), the stand-ins and `tessera-sim`
+//! (`cargo build --workspace`): `tessera-test-support`'s prerequisite rule
+//! skips (locally) or fails (`CI`, `TESSERA_REQUIRE_ALL=1`) without them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use tessera_driver::devices::find_nvml_library;
@@ -17,9 +15,8 @@ use tessera_driver::discover::discover;
 use tessera_driver::nvml::NvmlDriver;
 use tessera_driver::{DriverError, GpuDriver};
 use tessera_model::mig::Placement;
-
-/// Set (to anything) in CI to make a missing simulated node a failure, not a skip.
-const REQUIRE_SIM_ENV: &str = "TESSERA_REQUIRE_SIM";
+use tessera_test_support::node::SimNode;
+use tessera_test_support::{Need, artefact, require};
 
 /// The index of the demo node's MIG GPU (an A100-40GB).
 const MIG_GPU: u32 = 1;
@@ -28,70 +25,27 @@ fn p(start: u32, size: u32) -> Placement {
     Placement { start, size }
 }
 
-/// The sim builder and the NVML stand-in, next to this test's `deps/` directory.
-fn sim_artefacts() -> Result<(PathBuf, PathBuf), String> {
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot find the test executable: {e}"))?;
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| format!("{} has no grandparent directory", exe.display()))?;
-    let sim = dir.join("tessera-sim");
-    let lib = dir.join("libtessera_sim_nvml.so");
-    for path in [&sim, &lib] {
-        if !path.is_file() {
-            return Err(format!(
-                "{} is missing; run `cargo build -p tessera-sim -p tessera-sim-nvml -p tessera-sim-cuda` first",
-                path.display()
-            ));
-        }
-    }
-    Ok((sim, lib))
-}
-
-/// Builds a demo node in a fresh temp dir, or says why it cannot.
-fn demo_node() -> Result<tempfile::TempDir, String> {
-    let (sim, _lib) = sim_artefacts()?;
-    if std::env::var_os("TESSERA_SIM_ROOT").is_some_and(|v| !v.is_empty()) {
-        return Err(
-            "TESSERA_SIM_ROOT is set, so the stand-in would serve that node instead".into(),
-        );
-    }
-    let root = tempfile::tempdir().map_err(|e| format!("cannot make a temp dir: {e}"))?;
-    let out = Command::new(&sim)
-        .args(["create", "--profile", "demo", "--root"])
-        .arg(root.path())
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", sim.display()))?;
-    assert!(
-        out.status.success(),
-        "tessera-sim create failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(root)
-}
-
+/// A demo node (`tessera-test-support`'s builder), or a skip by the one
+/// prerequisite rule. The stand-in is loaded in this process, so a
+/// `TESSERA_SIM_ROOT` in its environment would serve another node.
 macro_rules! demo_node_or_skip {
-    () => {
-        match demo_node() {
-            Ok(root) => root,
-            Err(reason)
-                if std::env::var_os(REQUIRE_SIM_ENV).is_some()
-                    || std::env::var_os("CI").is_some() =>
-            {
-                panic!("{REQUIRE_SIM_ENV} or CI is set, but: {reason}")
-            }
-            Err(reason) => {
-                // Straight to the stderr handle: libtest captures `eprintln!`, and a
-                // skip must show even when the test passes.
-                use std::io::Write as _;
-                let _ = writeln!(std::io::stderr(), "SKIPPED: {}: {reason}", module_path!());
-                return;
-            }
-        }
-    };
+    () => {{
+        let unset = std::env::var_os("TESSERA_SIM_ROOT").is_none_or(|v| v.is_empty());
+        let Ok(()) = require(&[
+            Need::condition(
+                unset,
+                "TESSERA_SIM_ROOT unset (the stand-in would serve that node instead)",
+                "unset TESSERA_SIM_ROOT",
+            ),
+            Need::Built("tessera-sim"),
+        ]) else {
+            return;
+        };
+        let Ok(node) = SimNode::profile("demo").build() else {
+            return;
+        };
+        node
+    }};
 }
 
 fn load(root: &Path) -> NvmlDriver {
@@ -103,7 +57,7 @@ fn load(root: &Path) -> NvmlDriver {
 #[test]
 fn nvml_driver_manages_mig_on_the_simulated_node() {
     let root = demo_node_or_skip!();
-    let driver = load(root.path());
+    let driver = load(root.root());
 
     // Enumeration.
     assert!(!driver.driver_version().unwrap().is_empty());
@@ -213,7 +167,7 @@ fn nvml_driver_manages_mig_on_the_simulated_node() {
     );
 
     // Discovery sees it too, with cap nodes from the sim's /proc.
-    let facts = discover(root.path(), &driver).unwrap();
+    let facts = discover(root.root(), &driver).unwrap();
     let gpu = &facts.gpus[MIG_GPU as usize];
     let found = gpu
         .mig_devices
@@ -251,18 +205,18 @@ fn nvml_driver_manages_mig_on_the_simulated_node() {
 fn instances_persist_across_driver_instances() {
     let root = demo_node_or_skip!();
     let gi = {
-        let driver = load(root.path());
+        let driver = load(root.root());
         let gi = driver.create_gpu_instance(MIG_GPU, 19, p(3, 1)).unwrap();
         driver.create_compute_instance(MIG_GPU, gi.id).unwrap();
         gi
     };
     // The stand-in keeps GI/CI state in a file under the root; a second load
     // of the same library (same process) sees the instance.
-    let driver = load(root.path());
+    let driver = load(root.root());
     assert!(driver.gpu_instances(MIG_GPU).unwrap().contains(&gi));
-    let out = Command::new(sim_artefacts().unwrap().0)
+    let out = Command::new(artefact("tessera-sim"))
         .args(["show", "--root"])
-        .arg(root.path())
+        .arg(root.root())
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -279,8 +233,8 @@ fn instances_persist_across_driver_instances() {
 #[test]
 fn discover_on_the_demo_node() {
     let root = demo_node_or_skip!();
-    let driver = load(root.path());
-    let facts = discover(root.path(), &driver).unwrap();
+    let driver = load(root.root());
+    let facts = discover(root.root(), &driver).unwrap();
     assert_eq!(facts.gpus.len(), 2);
     for gpu in &facts.gpus {
         assert_eq!(
@@ -299,13 +253,13 @@ fn discover_on_the_demo_node() {
         for cap in [&m.gi_cap, &m.ci_cap] {
             assert_eq!(
                 cap.host_path,
-                root.path()
+                root.root()
                     .join(&cap.container_path[1..])
                     .display()
                     .to_string()
             );
             if let Some(node) =
-                tessera_driver::devices::char_device(root.path(), &cap.container_path[1..]).unwrap()
+                tessera_driver::devices::char_device(root.root(), &cap.container_path[1..]).unwrap()
             {
                 assert_eq!(
                     (node.major, node.minor),

@@ -7,6 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use tessera_hook::identity::{self, CandidateView, Expected, NsRequest, ProcFacts};
 use tessera_hook::procfs::{self, NsId};
+use tessera_model::proc;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -19,8 +20,8 @@ fuzz_target!(|data: &[u8]| {
     let cgroup = parts.next().unwrap_or_default();
     let cgroups_path = parts.next().unwrap_or_default();
 
-    let nspid = procfs::parse_status_nspid(status).unwrap_or_else(|| vec![60]);
-    let _ = procfs::parse_status(status);
+    let nspid = proc::parse_nspid(status).unwrap_or_else(|| vec![60]);
+    let _ = proc::parse_status(status);
     let mounts = procfs::parse_mountinfo(mountinfo);
     let cgroups = procfs::parse_cgroup(cgroup);
     for entry in &cgroups {

@@ -5,7 +5,7 @@
 //! ```text
 //! <state_dir>/alloc/                     0755 root (created if missing)
 //! <state_dir>/alloc/<id>/                0700 root
-//! <state_dir>/alloc/<id>/binding.json    0644 root, written atomically (temp + rename; no fsync, see `write_atomic`)
+//! <state_dir>/alloc/<id>/binding.json    0644 root, written atomically (temp + fsync + rename + directory fsync)
 //! <state_dir>/alloc/<id>/accounting/     0755 root
 //! <state_dir>/alloc/<id>/accounting/vgpu.accounting   0666 root, empty (the vGPU library fills it)
 //! ```
@@ -24,7 +24,8 @@
 //!
 //! Every directory is opened with `O_DIRECTORY | O_NOFOLLOW` and checked on
 //! its fd (root-owned, not group- or world-writable), and every entry is
-//! created relative to its parent's fd.
+//! created relative to its parent's fd, its mode set explicitly on its fd
+//! afterwards (the process umask plays no part).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -35,17 +36,24 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 use tessera_model::alloc::AllocId;
-use tessera_model::vgpu::ACCOUNTING_FILE_NAME;
+use tessera_model::contract::node::{ACCOUNTING_SUBDIR, ALLOC_DIR, BINDING_FILE};
+use tessera_model::contract::vgpu::ACCOUNTING_FILE;
 
 use crate::error::{HookError, Result};
-use crate::fsutil::{fstat, read_bounded};
+use crate::fsutil::{Durability, fstat, read_bounded, write_atomic};
 use crate::journal::{Created, Journal};
+use crate::procfs::CgroupEntry;
 use crate::trust::ownership_problem;
 
-/// The binding record's file name.
-pub const BINDING_FILE: &str = "binding.json";
-/// The accounting directory's name inside the allocation directory.
-pub const ACCOUNTING_DIR: &str = "accounting";
+/// A binding names a live container: after a crash no container is left
+/// for a record to describe, so records are atomic but not fsynced (an
+/// fsync would add a disk flush to every container start).
+pub const BINDING_DURABILITY: Durability = Durability::WhileRunning;
+
+/// Mode of `state_dir` (when the hook creates it) and of `alloc/`.
+pub const STATE_DIR_MODE: u32 = 0o755;
+/// Mode of an allocation's directory: root's alone.
+pub const ALLOC_MODE: u32 = 0o700;
 /// Mode of the accounting directory: root's; the workload may not add,
 /// remove or replace entries.
 pub const ACCOUNTING_MODE: u32 = 0o755;
@@ -77,7 +85,7 @@ pub struct Binding {
 }
 
 /// Picks the cgroup path for [`Binding::cgroup`] from `/proc/<pid>/cgroup` lines.
-pub fn preferred_cgroup(entries: &[crate::procfs::CgroupEntry]) -> String {
+pub fn preferred_cgroup(entries: &[CgroupEntry]) -> String {
     let v2 = entries
         .iter()
         .find(|e| e.hierarchy == 0 && e.controllers.is_empty());
@@ -120,14 +128,15 @@ fn check_root_owned(fd: &OwnedFd, path: &Path) -> Result<()> {
 }
 
 /// Creates `name` in `parent` with `mode` unless it exists (recording a
-/// creation), then opens it as a directory without following a symlink.
+/// creation), then opens it as a directory without following a symlink; a
+/// directory it created gets exactly `mode`.
 fn ensure_dir(
     parent: &OwnedFd,
     name: &str,
     mode: u32,
     journal: Option<&mut Journal>,
 ) -> io::Result<OwnedFd> {
-    match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(mode)) {
+    let created = match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(mode)) {
         Ok(()) => {
             if let Some(journal) = journal {
                 journal.push(Created::Dir {
@@ -135,11 +144,44 @@ fn ensure_dir(
                     name: name.to_owned(),
                 });
             }
+            true
         }
-        Err(Errno::EXIST) => {}
+        Err(Errno::EXIST) => false,
         Err(e) => return Err(e.into()),
+    };
+    let dir = open_dir_at(parent, name)?;
+    if created {
+        rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
     }
-    open_dir_at(parent, name)
+    Ok(dir)
+}
+
+/// Creates `path` and its missing ancestors, each with mode
+/// [`STATE_DIR_MODE`] exactly (like `mkdir -p -m 0755`, umask aside).
+fn create_state_dir(path: &Path) -> io::Result<()> {
+    let mut missing = Vec::new();
+    for dir in path.ancestors() {
+        match std::fs::symlink_metadata(dir) {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => missing.push(dir),
+            Err(e) => return Err(e),
+        }
+    }
+    for dir in missing.into_iter().rev() {
+        match rustix::fs::mkdir(dir, Mode::from_raw_mode(STATE_DIR_MODE)) {
+            Ok(()) => {
+                let fd = rustix::fs::open(
+                    dir,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )?;
+                rustix::fs::fchmod(&fd, Mode::from_raw_mode(STATE_DIR_MODE))?;
+            }
+            Err(Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Creates the empty region file in the accounting directory `acct` (or
@@ -149,21 +191,21 @@ fn ensure_region(acct: &OwnedFd, journal: &mut Journal) -> io::Result<()> {
     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let file = match rustix::fs::openat(
         acct,
-        ACCOUNTING_FILE_NAME,
+        ACCOUNTING_FILE,
         flags,
         Mode::from_raw_mode(REGION_MODE),
     ) {
         Ok(file) => {
             journal.push(Created::File {
                 parent: acct.try_clone()?,
-                name: ACCOUNTING_FILE_NAME.to_owned(),
+                name: ACCOUNTING_FILE.to_owned(),
             });
             file
         }
         Err(Errno::EXIST) => {
             let file = rustix::fs::openat(
                 acct,
-                ACCOUNTING_FILE_NAME,
+                ACCOUNTING_FILE,
                 OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
                 Mode::empty(),
             )?;
@@ -187,24 +229,19 @@ impl AllocDirs {
     /// Opens `<state_dir>/alloc`; with `create`, makes `state_dir` (0755) and
     /// `alloc` (0755) when missing. `Ok(None)` when missing and not created.
     pub fn open(state_dir: &Path, create: bool) -> Result<Option<AllocDirs>> {
-        let path = state_dir.join("alloc");
+        let path = state_dir.join(ALLOC_DIR);
         let io =
             |e: io::Error| HookError::apply(format!("state directory {}", state_dir.display()), e);
         if create {
-            std::os::unix::fs::DirBuilderExt::mode(
-                std::fs::DirBuilder::new().recursive(true),
-                0o755,
-            )
-            .create(state_dir)
-            .map_err(io)?;
+            create_state_dir(state_dir).map_err(io)?;
         }
         let Some(state) = crate::trust::open_root_dir(state_dir)? else {
             return Ok(None);
         };
         let fd = if create {
-            ensure_dir(&state, "alloc", 0o755, None)
+            ensure_dir(&state, ALLOC_DIR, STATE_DIR_MODE, None)
         } else {
-            match open_dir_at(&state, "alloc") {
+            match open_dir_at(&state, ALLOC_DIR) {
                 Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) => return Ok(None),
                 other => other,
             }
@@ -221,11 +258,11 @@ impl AllocDirs {
     pub fn prepare(&self, id: &AllocId, journal: &mut Journal) -> Result<OwnedFd> {
         let dir_path = self.path.join(id.as_str());
         let io = |what: &Path, e: io::Error| HookError::apply(format!("{}", what.display()), e);
-        let dir = ensure_dir(&self.fd, id.as_str(), 0o700, Some(journal))
+        let dir = ensure_dir(&self.fd, id.as_str(), ALLOC_MODE, Some(journal))
             .map_err(|e| io(&dir_path, e))?;
         check_root_owned(&dir, &dir_path)?;
-        let acct_path = dir_path.join(ACCOUNTING_DIR);
-        let acct = ensure_dir(&dir, ACCOUNTING_DIR, ACCOUNTING_MODE, Some(journal))
+        let acct_path = dir_path.join(ACCOUNTING_SUBDIR);
+        let acct = ensure_dir(&dir, ACCOUNTING_SUBDIR, ACCOUNTING_MODE, Some(journal))
             .map_err(|e| io(&acct_path, e))?;
         rustix::fs::fchown(
             &acct,
@@ -235,7 +272,7 @@ impl AllocDirs {
         .map_err(|e| io(&acct_path, e.into()))?;
         rustix::fs::fchmod(&acct, Mode::from_raw_mode(ACCOUNTING_MODE))
             .map_err(|e| io(&acct_path, e.into()))?;
-        let region_path = acct_path.join(ACCOUNTING_FILE_NAME);
+        let region_path = acct_path.join(ACCOUNTING_FILE);
         ensure_region(&acct, journal).map_err(|e| io(&region_path, e))?;
         Ok(dir)
     }
@@ -253,7 +290,7 @@ impl AllocDirs {
         let mut json = serde_json::to_vec_pretty(binding)
             .map_err(|e| HookError::apply(path.display().to_string(), io::Error::other(e)))?;
         json.push(b'\n');
-        write_atomic(dir, BINDING_FILE, &json)
+        write_atomic(dir, BINDING_FILE, &json, BINDING_DURABILITY)
             .map_err(|e| HookError::apply(format!("writing {}", path.display()), e))?;
         journal.push(match previous {
             Some(previous) => Created::Replaced {
@@ -318,38 +355,68 @@ fn read_file_at(dir: &OwnedFd, name: &str) -> io::Result<Option<Vec<u8>>> {
     }
 }
 
-/// Writes `name` in `dir` atomically: a temporary file (`O_EXCL`, 0644)
-/// renamed over `name`, so a reader sees the old record or the new one.
-///
-/// No fsync: a binding record describes a running container, and no container
-/// survives the crash or power loss that fsync would guard against, so a lost
-/// record after a reboot is exactly right; skipping it keeps milliseconds of
-/// disk latency off every GPU container's start.
-pub fn write_atomic(dir: &OwnedFd, name: &str, content: &[u8]) -> io::Result<()> {
-    let tmp = format!(".{name}.{}.tmp", std::process::id());
-    let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
-    let fd = rustix::fs::openat(
-        dir,
-        tmp.as_str(),
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o644),
-    )?;
-    let result = (|| -> io::Result<()> {
-        let mut file = std::fs::File::from(fd);
-        std::io::Write::write_all(&mut file, content)?;
-        rustix::fs::renameat(dir, tmp.as_str(), dir, name)?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
-    }
-    result
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::procfs::parse_cgroup;
+    use crate::testing::mode_of;
+    use tessera_test_support::prereq::Need;
+
+    #[test]
+    fn a_missing_state_dir_is_made_with_0755_at_every_level() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let deep = t.path().join("var/lib/tessera");
+        create_state_dir(&deep).expect("created");
+        for dir in ["var", "var/lib", "var/lib/tessera"] {
+            assert_eq!(mode_of(&t.path().join(dir)), STATE_DIR_MODE, "{dir}");
+        }
+        std::fs::set_permissions(&deep, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .expect("chmod");
+        create_state_dir(&deep).expect("again");
+        assert_eq!(
+            mode_of(&deep),
+            0o700,
+            "an existing directory is left as it is"
+        );
+    }
+
+    #[test]
+    fn the_allocation_tree_gets_its_documented_modes_and_undoes_cleanly() {
+        tessera_test_support::require!(Need::Root);
+        let t = tempfile::tempdir().expect("tempdir");
+        let state = t.path().join("state");
+        let dirs = AllocDirs::open(&state, true)
+            .expect("open")
+            .expect("created");
+        let id = AllocId::new("pod-0").expect("id");
+        let mut journal = Journal::default();
+        let dir = dirs.prepare(&id, &mut journal).expect("prepare");
+        let binding = Binding {
+            alloc_id: id.to_string(),
+            container_id: "c1".into(),
+            pid: 42,
+            cgroup: "/c1".into(),
+            cgroups: BTreeMap::new(),
+            bundle: "/b".into(),
+            mode: "legacy".into(),
+            bound_at: 1,
+        };
+        dirs.write_binding(&dir, &binding, &mut journal)
+            .expect("binding");
+        let alloc = state.join(ALLOC_DIR).join("pod-0");
+        assert_eq!(mode_of(&state.join(ALLOC_DIR)), STATE_DIR_MODE);
+        assert_eq!(mode_of(&alloc), ALLOC_MODE);
+        assert_eq!(mode_of(&alloc.join(ACCOUNTING_SUBDIR)), ACCOUNTING_MODE);
+        assert_eq!(
+            mode_of(&alloc.join(ACCOUNTING_SUBDIR).join(ACCOUNTING_FILE)),
+            REGION_MODE
+        );
+        assert_eq!(mode_of(&alloc.join(BINDING_FILE)), 0o644);
+        assert!(!dirs.remove_binding(&id, "c2").expect("other container"));
+        journal.undo(None);
+        assert!(!alloc.exists(), "the run's creations are undone");
+        assert!(state.join(ALLOC_DIR).exists());
+    }
 
     #[test]
     fn preferred_cgroup_takes_v2_then_memory() {

@@ -7,23 +7,25 @@
 //! namespaces) is read and checked before the first write.
 
 use std::io::Read;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use tessera_model::alloc::AllocId;
 use tessera_model::cdi::ContainerEdits;
+use tessera_model::contract::cdi::STATIC_SPEC_FILE;
+use tessera_model::contract::env::VISIBLE_DEVICES;
 
-use crate::apply::{self, Context};
-use crate::binding::{AllocDirs, Binding, preferred_cgroup};
+use crate::apply::{self, Context, record_binding};
+use crate::binding::AllocDirs;
 use crate::cli::{Cli, Verb};
 use crate::config::{self, HookConfig};
+use crate::decision::{Decision, Inputs, SpecFound, SpecRef, decide};
 use crate::error::{HookError, Result};
 use crate::journal::Journal;
 use crate::log;
 use crate::ns;
 use crate::oci::{Bundle, OciConfig};
 use crate::procfs::Procfs;
-use crate::request::{Request, parse_request, parse_visible_devices};
-use crate::specs::{load_alloc_edits, load_static_edits};
+use crate::request::{Request, parse_request};
+use crate::specs::{load_alloc_edits, load_spec, static_edits};
 use crate::state::{State, read_state};
 use crate::trust::TrustedDir;
 
@@ -61,8 +63,6 @@ pub fn run(cli: &Cli, stdin: impl Read) -> Result<Outcome> {
     }
     let config = config::load(cli.config.as_deref())?;
     log::set_level(config.log_level);
-    // Every file the hook creates gets exactly the mode it asks for.
-    rustix::process::umask(rustix::fs::Mode::empty());
     match cli.verb {
         Verb::Prestart => prestart(&config, &state, &bundle, &oci, request),
         Verb::Poststop => poststop(&config, &state, request),
@@ -82,6 +82,35 @@ pub fn edits_applied(edits: &ContainerEdits, oci: &OciConfig) -> bool {
     }
 }
 
+/// What `prestart` does once the container's init is found.
+enum Act {
+    /// Record the binding of an allocation the runtime applied.
+    Bind(AllocId),
+    /// Apply the edits (and bind the allocation, if any).
+    Inject(Option<AllocId>),
+}
+
+/// Reads the spec `which` names: what [`decide`] needs, and its edits.
+fn read_spec(
+    cdi: Option<&TrustedDir>,
+    which: &SpecRef,
+    oci: &OciConfig,
+) -> Result<(SpecFound, Option<ContainerEdits>)> {
+    let edits = match which {
+        SpecRef::Alloc(id) => load_alloc_edits(cdi, id)?,
+        SpecRef::Static(wanted) => load_spec(cdi, STATIC_SPEC_FILE)?
+            .map(|spec| static_edits(&spec, wanted).map_err(HookError::Refused))
+            .transpose()?,
+    };
+    let found = match &edits {
+        None => SpecFound::Missing,
+        Some(edits) => SpecFound::Present {
+            applied: edits_applied(edits, oci),
+        },
+    };
+    Ok((found, edits))
+}
+
 fn prestart(
     config: &HookConfig,
     state: &State,
@@ -90,58 +119,35 @@ fn prestart(
     request: Request,
 ) -> Result<Outcome> {
     let cdi = TrustedDir::open(&config.cdi_dir)?;
-    let (edits, alloc) = if let Some(alloc) = request.alloc {
-        match load_alloc_edits(cdi.as_ref(), &alloc.id)? {
-            Some(edits) => (edits, Some(alloc)),
-            None if !alloc.source.may_inject() => {
-                let why = format!(
-                    "env TESSERA_ALLOC_ID={} names no allocation spec in {}; ignored (env alone never requests devices)",
-                    alloc.id,
-                    config.cdi_dir.display()
-                );
-                crate::warn!("{why}");
-                return Ok(Outcome::Ignored(why));
-            }
-            None => {
-                return Err(HookError::Refused(format!(
-                    "allocation {} ({}): no transient spec {} in {}",
-                    alloc.id,
-                    alloc.source,
-                    alloc.id.spec_file_name(),
-                    config.cdi_dir.display()
-                )));
-            }
-        }
-    } else {
-        let raw = request.visible_devices.unwrap_or_default();
-        if !config.accept_nvidia_visible_devices {
-            let why =
-                "NVIDIA_VISIBLE_DEVICES ignored: accept_nvidia_visible_devices is off in hook.toml"
-                    .to_owned();
-            crate::info!("{why}");
-            return Ok(Outcome::Ignored(why));
-        }
-        let Some(wanted) = parse_visible_devices(&raw).map_err(HookError::Refused)? else {
-            return Ok(Outcome::NothingRequested);
-        };
-        (load_static_edits(cdi.as_ref(), &wanted)?, None)
+    let mut inputs = Inputs {
+        request: &request,
+        accept_nvidia_visible_devices: config.accept_nvidia_visible_devices,
+        cdi_dir: &config.cdi_dir,
+        spec: None,
     };
-    let applied = edits_applied(&edits, oci);
-    match (&alloc, applied) {
-        (None, true) => return Ok(Outcome::AlreadyApplied),
-        (Some(alloc), false) if !alloc.source.may_inject() => {
-            let why = format!(
-                "env TESSERA_ALLOC_ID={} but the allocation's devices are not in config.json; ignored (env alone never requests injection; use the tessera.io/alloc-id annotation)",
-                alloc.id
-            );
-            crate::warn!("{why}");
+    let mut decision = decide(&inputs);
+    let mut edits = None;
+    if let Decision::ReadSpec(which) = &decision {
+        let (found, read) = read_spec(cdi.as_ref(), which, oci)?;
+        inputs.spec = Some(found);
+        edits = read;
+        decision = decide(&inputs);
+    }
+    let act = match decision {
+        Decision::Nothing => return Ok(Outcome::NothingRequested),
+        Decision::Ignore { why, level } => {
+            log::emit(level, format_args!("{why}"));
             return Ok(Outcome::Ignored(why));
         }
-        _ => {}
-    }
+        Decision::Refuse(why) => return Err(HookError::Refused(why)),
+        Decision::AlreadyApplied => return Ok(Outcome::AlreadyApplied),
+        // `decide` asks for a spec only while none was read.
+        Decision::ReadSpec(which) => unreachable!("{which:?} asked for after it was read"),
+        Decision::Bind(id) => Act::Bind(id),
+        Decision::Inject(id) => Act::Inject(id),
+    };
     let procfs = Procfs::open().map_err(|e| HookError::apply("opening /proc", e))?;
     let container = ns::locate(&procfs, state, bundle, oci)?;
-    let id = alloc.as_ref().map(|a| &a.id);
     let ctx = Context {
         config,
         state,
@@ -150,32 +156,33 @@ fn prestart(
         procfs: &procfs,
         container: &container,
     };
-    if applied {
-        let Some(id) = id else {
-            return Ok(Outcome::AlreadyApplied);
-        };
-        let mut journal = Journal::default();
-        match record_binding(&ctx, id, "cdi", &mut journal) {
-            Ok(()) => journal.commit(),
-            Err(e) => {
-                journal.undo(None);
-                return Err(e);
+    let id = match act {
+        Act::Bind(id) => {
+            let mut journal = Journal::default();
+            match record_binding(&ctx, &id, "cdi", &mut journal) {
+                Ok(()) => journal.commit(),
+                Err(e) => {
+                    journal.undo(None);
+                    return Err(e);
+                }
             }
+            crate::info!(
+                "allocation {id}: bound container {} (pid {}); the runtime applied the spec",
+                state.id,
+                container.init_pid
+            );
+            return Ok(Outcome::Bound {
+                alloc: id.to_string(),
+            });
         }
-        crate::info!(
-            "allocation {id}: bound container {} (pid {}); the runtime applied the spec",
-            state.id,
-            container.init_pid
-        );
-        return Ok(Outcome::Bound {
-            alloc: id.to_string(),
-        });
-    }
-    let report = apply::inject(&ctx, &edits, id)?;
+        Act::Inject(id) => id,
+    };
+    let edits = edits.unwrap_or_default();
+    let report = apply::inject(&ctx, &edits, id.as_ref())?;
     crate::info!(
         "{}: container {} (pid {}): {} device nodes created ({} existed), {} mounts made ({} existed), {} cgroup rules",
-        id.map_or_else(
-            || "NVIDIA_VISIBLE_DEVICES".to_owned(),
+        id.as_ref().map_or_else(
+            || VISIBLE_DEVICES.to_owned(),
             |id| format!("allocation {id}")
         ),
         state.id,
@@ -187,46 +194,6 @@ fn prestart(
         report.cgroup_rules
     );
     Ok(Outcome::Injected(report))
-}
-
-/// Creates the allocation's directories and writes its binding record.
-pub(crate) fn record_binding(
-    ctx: &Context<'_>,
-    id: &AllocId,
-    mode: &str,
-    journal: &mut Journal,
-) -> Result<()> {
-    let Context {
-        config,
-        state,
-        container,
-        ..
-    } = *ctx;
-    let pid = container.init_pid;
-    let entries = &container.cgroups;
-    let dirs = AllocDirs::open(&config.state_dir, true)?.ok_or_else(|| {
-        HookError::apply(
-            format!("state directory {}", config.state_dir.display()),
-            std::io::Error::from(std::io::ErrorKind::NotFound),
-        )
-    })?;
-    let dir = dirs.prepare(id, journal)?;
-    let binding = Binding {
-        alloc_id: id.to_string(),
-        container_id: state.id.clone(),
-        pid,
-        cgroup: preferred_cgroup(entries),
-        cgroups: entries
-            .iter()
-            .map(|e| (e.controllers.join(","), e.path.clone()))
-            .collect(),
-        bundle: state.bundle.clone(),
-        mode: mode.to_owned(),
-        bound_at: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-    };
-    dirs.write_binding(&dir, &binding, journal)
 }
 
 fn poststop(config: &HookConfig, state: &State, request: Request) -> Result<Outcome> {
@@ -241,4 +208,71 @@ fn poststop(config: &HookConfig, state: &State, request: Request) -> Result<Outc
         crate::info!("allocation {}: unbound container {}", alloc.id, state.id);
     }
     Ok(Outcome::Unbound { removed })
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_model::cdi::{DeviceNode, Mount};
+    use tessera_model::contract::vgpu::{CONTAINER_CONFIG_PATH, CONTAINER_LIBRARY};
+
+    use super::*;
+    use crate::oci::parse_config;
+
+    fn oci(devices: &[&str], mounts: &[&str]) -> OciConfig {
+        let config = serde_json::json!({
+            "mounts": mounts.iter().map(|m| serde_json::json!({"destination": m})).collect::<Vec<_>>(),
+            "linux": {"devices": devices.iter().map(|d| serde_json::json!({"path": d})).collect::<Vec<_>>()},
+        });
+        parse_config(config.to_string().as_bytes()).expect("config.json")
+    }
+
+    fn edits(nodes: &[&str], mounts: &[&str]) -> ContainerEdits {
+        ContainerEdits {
+            device_nodes: nodes
+                .iter()
+                .map(|p| DeviceNode {
+                    path: (*p).into(),
+                    ..Default::default()
+                })
+                .collect(),
+            mounts: mounts
+                .iter()
+                .map(|m| Mount {
+                    host_path: "/host".into(),
+                    container_path: (*m).into(),
+                    options: vec!["bind".into()],
+                    mount_type: None,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn edits_count_as_applied_only_when_every_node_is_in_the_config() {
+        let spec = edits(&["/dev/nvidiactl", "/dev/nvidia0"], &[CONTAINER_LIBRARY]);
+        assert!(edits_applied(
+            &spec,
+            &oci(&["/dev/nvidia0", "/dev/nvidiactl"], &[])
+        ));
+        assert!(!edits_applied(
+            &spec,
+            &oci(&["/dev/nvidia0"], &[CONTAINER_LIBRARY])
+        ));
+        assert!(!edits_applied(&spec, &oci(&[], &[])));
+    }
+
+    #[test]
+    fn edits_without_nodes_count_as_applied_when_every_mount_is_there() {
+        let spec = edits(&[], &[CONTAINER_LIBRARY, CONTAINER_CONFIG_PATH]);
+        assert!(edits_applied(
+            &spec,
+            &oci(&[], &[CONTAINER_CONFIG_PATH, CONTAINER_LIBRARY])
+        ));
+        assert!(!edits_applied(&spec, &oci(&[], &[CONTAINER_LIBRARY])));
+        assert!(
+            edits_applied(&edits(&[], &[]), &oci(&[], &[])),
+            "nothing to apply"
+        );
+    }
 }

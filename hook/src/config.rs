@@ -14,17 +14,18 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use tessera_model::contract;
 
 use crate::error::{HookError, Result, one_line};
 use crate::log::Level;
 use crate::trust::read_trusted_file;
 
 /// Where the configuration lives unless `--config` says otherwise.
-pub const DEFAULT_CONFIG_PATH: &str = "/etc/tessera/hook.toml";
+pub const DEFAULT_CONFIG_PATH: &str = contract::hook::CONFIG_PATH;
 /// Default CDI spec directory (transient specs are written there).
-pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
+pub const DEFAULT_CDI_DIR: &str = contract::cdi::SPEC_DIR;
 /// Default node state directory.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/tessera";
+pub const DEFAULT_STATE_DIR: &str = contract::node::STATE_DIR;
 
 /// The hook's settings.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

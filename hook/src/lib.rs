@@ -23,6 +23,8 @@ pub mod cgroup;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod container_fs;
+pub mod decision;
 pub mod error;
 pub mod fsutil;
 pub mod identity;
@@ -42,3 +44,6 @@ pub mod trust;
 
 pub use commands::{Outcome, run};
 pub use error::{HookError, exit};
+
+#[cfg(test)]
+pub(crate) mod testing;

@@ -35,6 +35,27 @@ pub struct Source {
     pub plan: MountPlan,
 }
 
+/// The `MOUNT_ATTR_*` bits `plan`'s options ask for.
+pub fn attributes(plan: &MountPlan) -> u64 {
+    [
+        (plan.readonly, sys::MOUNT_ATTR_RDONLY),
+        (plan.nosuid, sys::MOUNT_ATTR_NOSUID),
+        (plan.nodev, sys::MOUNT_ATTR_NODEV),
+        (plan.noexec, sys::MOUNT_ATTR_NOEXEC),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .fold(0, |attrs, (_, attr)| attrs | attr)
+}
+
+/// Whether the mount `mount_id` is a shared one in `mountinfo` (its mount
+/// events propagate to peers).
+pub fn is_shared_mount(mount_id: u64, mountinfo: &str) -> bool {
+    parse_mountinfo(mountinfo)
+        .iter()
+        .any(|m| m.id == mount_id && m.is_shared())
+}
+
 /// Clones the source of `plan` into a detached mount with its attributes set.
 pub fn open_source(plan: &MountPlan) -> Result<Source> {
     let what = |e: io::Error| HookError::apply(format!("bind source {}", plan.host_path), e);
@@ -54,18 +75,7 @@ pub fn open_source(plan: &MountPlan) -> Result<Source> {
             plan.host_path
         )));
     }
-    let mut attrs = 0;
-    for (on, attr) in [
-        (plan.readonly, sys::MOUNT_ATTR_RDONLY),
-        (plan.nosuid, sys::MOUNT_ATTR_NOSUID),
-        (plan.nodev, sys::MOUNT_ATTR_NODEV),
-        (plan.noexec, sys::MOUNT_ATTR_NOEXEC),
-    ] {
-        if on {
-            attrs |= attr;
-        }
-    }
-    sys::mount_setattr(&fd, attrs, plan.recursive).map_err(what)?;
+    sys::mount_setattr(&fd, attributes(plan), plan.recursive).map_err(what)?;
     Ok(Source {
         fd,
         stat,
@@ -138,13 +148,107 @@ fn refuse_shared(
     let mountinfo = procfs
         .read("self/mountinfo")
         .map_err(|e| HookError::apply("reading the container's mountinfo", e))?;
-    let shared = parse_mountinfo(&mountinfo)
-        .iter()
-        .any(|m| m.id == stx.stx_mnt_id && m.is_shared());
-    if shared {
+    if is_shared_mount(stx.stx_mnt_id, &mountinfo) {
         return Err(HookError::Unsupported(format!(
             "mount target {path} is on a shared mount in the container; a bind mount there would propagate to other mount namespaces"
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::ContainerPath;
+    use tessera_test_support::prereq::Need;
+
+    fn plan(host: &str, options: [bool; 4]) -> MountPlan {
+        let [readonly, nosuid, nodev, noexec] = options;
+        MountPlan {
+            host_path: host.into(),
+            target: ContainerPath::parse("/usr/local/tessera/vgpu.json").expect("target"),
+            recursive: false,
+            readonly,
+            nosuid,
+            nodev,
+            noexec,
+        }
+    }
+
+    #[test]
+    fn each_option_sets_its_attribute_and_nothing_else() {
+        assert_eq!(attributes(&plan("/x", [false; 4])), 0);
+        assert_eq!(
+            attributes(&plan("/x", [true, false, false, false])),
+            sys::MOUNT_ATTR_RDONLY
+        );
+        assert_eq!(
+            attributes(&plan("/x", [false, true, false, true])),
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC
+        );
+        assert_eq!(
+            attributes(&plan("/x", [true; 4])),
+            sys::MOUNT_ATTR_RDONLY
+                | sys::MOUNT_ATTR_NOSUID
+                | sys::MOUNT_ATTR_NODEV
+                | sys::MOUNT_ATTR_NOEXEC
+        );
+    }
+
+    #[test]
+    fn only_a_mount_with_a_shared_peer_group_counts_as_shared() {
+        let mountinfo = "20 1 0:5 / / rw shared:1 - ext4 /dev/vda rw\n\
+                         30 20 0:6 / /dev rw master:2 - tmpfs tmpfs rw\n\
+                         31 20 0:7 / /etc rw - ext4 /dev/vda rw\n";
+        assert!(is_shared_mount(20, mountinfo));
+        assert!(
+            !is_shared_mount(30, mountinfo),
+            "a slave does not propagate back"
+        );
+        assert!(!is_shared_mount(31, mountinfo));
+        assert!(
+            !is_shared_mount(99, mountinfo),
+            "an unknown mount is not shared"
+        );
+    }
+
+    #[test]
+    fn a_source_that_is_neither_file_nor_directory_is_unsupported() {
+        tessera_test_support::require!(Need::Root);
+        let t = tempfile::tempdir().expect("tempdir");
+        let fifo = t.path().join("fifo");
+        rustix::fs::mknodat(
+            CWD,
+            fifo.as_path(),
+            FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .expect("fifo");
+        let e = open_source(&plan(fifo.to_str().expect("utf-8"), [true; 4]))
+            .expect_err("a fifo source");
+        assert!(
+            matches!(e, HookError::Unsupported(ref why) if why.contains("neither a regular file nor a directory")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_file_source_becomes_a_detached_mount_of_that_file() {
+        tessera_test_support::require!(Need::Root);
+        let t = tempfile::tempdir().expect("tempdir");
+        let file = t.path().join("vgpu.json");
+        std::fs::write(&file, b"{}").expect("file");
+        let source =
+            open_source(&plan(file.to_str().expect("utf-8"), [true; 4])).expect("open_tree");
+        assert!(!source.is_dir());
+        let st = rustix::fs::stat(file.as_path()).expect("stat");
+        assert!(same_inode(&source.stat, &st), "the clone shows the source");
+        let e = open_source(&plan("/nonexistent/tessera/x", [false; 4])).expect_err("missing");
+        assert!(
+            e.to_string()
+                .starts_with("bind source /nonexistent/tessera/x"),
+            "{e}"
+        );
+    }
 }

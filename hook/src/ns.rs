@@ -297,9 +297,19 @@ impl RootProbe {
 
     /// Opens the container root; call in the container's mount namespace.
     /// `rootfs` is the bundle's rootfs path (host path, as the runtime mounted it).
-    pub fn open(self, container: &Container, rootfs: Option<&str>) -> Result<ContainerRoot> {
+    /// `procfs` is the hook's checked `/proc`, kept for the root's writes.
+    pub fn open(
+        self,
+        container: &Container,
+        rootfs: Option<&str>,
+        procfs: &Procfs,
+    ) -> Result<ContainerRoot> {
+        let wrap = |fd: OwnedFd| {
+            ContainerRoot::with_procfs(fd, procfs)
+                .map_err(|e| HookError::apply("duplicating the /proc fd", e))
+        };
         if self.pivoted && !container.inside {
-            return Ok(ContainerRoot::new(self.init_root));
+            return wrap(self.init_root);
         }
         let rootfs = rootfs.ok_or_else(|| {
             HookError::Unsupported(
@@ -345,7 +355,7 @@ impl RootProbe {
                 )
             }));
         }
-        Ok(ContainerRoot::new(fd))
+        wrap(fd)
     }
 }
 
@@ -423,5 +433,153 @@ impl Entered {
                 .map_err(|e| HookError::apply("returning to the host's mount namespace", e))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::exit;
+    use crate::oci::parse_config;
+
+    fn bundle_with(config: &str) -> (tempfile::TempDir, Bundle, OciConfig) {
+        let t = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(t.path().join("rootfs")).expect("rootfs");
+        let bundle = Bundle::open(t.path().to_str().expect("utf-8")).expect("bundle");
+        let oci = parse_config(config.as_bytes()).expect("config.json");
+        (t, bundle, oci)
+    }
+
+    /// The mount namespace the tests run in.
+    fn own_mnt(procfs: &Procfs) -> NsId {
+        procfs
+            .process("self")
+            .and_then(|p| p.ns_id("mnt"))
+            .expect("ns")
+    }
+
+    /// The hook's own process as a (wrongly) located container.
+    fn own_process(procfs: &Procfs, inside: bool, mnt: NsId) -> Container {
+        Container {
+            init_pid: std::process::id(),
+            inside,
+            mnt,
+            proc: procfs.process("self").expect("self"),
+            cgroups: Vec::new(),
+            cgroups_absolute: true,
+        }
+    }
+
+    #[test]
+    fn expected_follows_the_config_namespaces_and_mounts() {
+        let (t, bundle, oci) = bundle_with(
+            r#"{"root": {"path": "rootfs"},
+                "mounts": [{"destination": "/proc"}, {"destination": "/"}, {"destination": "dev"},
+                           {"destination": "/usr/local/tessera/vgpu.json"}],
+                "linux": {"namespaces": [{"type": "pid"}, {"type": "mount", "path": "/proc/self/ns/mnt"}],
+                          "cgroupsPath": "/kubepods/pod1/c1"}}"#,
+        );
+        let e = expected(&bundle, &oci).expect("expected");
+        let procfs = Procfs::open().expect("/proc");
+        assert_eq!(e.pid, NsRequest::New);
+        assert_eq!(e.mount, NsRequest::Join(own_mnt(&procfs)));
+        let rootfs = std::fs::canonicalize(t.path().join("rootfs")).expect("canonical");
+        assert_eq!(e.rootfs, rootfs.to_str().expect("utf-8"));
+        assert_eq!(
+            e.mounts_under_rootfs,
+            [
+                format!("{}/proc", e.rootfs),
+                format!("{}/usr/local/tessera/vgpu.json", e.rootfs)
+            ],
+            "`/` and relative destinations are no evidence"
+        );
+        assert_eq!(e.cgroups_path.as_deref(), Some("/kubepods/pod1/c1"));
+        let (_t, bundle, oci) = bundle_with(r#"{"root": {"path": "rootfs"}}"#);
+        let shared = expected(&bundle, &oci).expect("expected");
+        assert_eq!(
+            (shared.mount, shared.pid),
+            (NsRequest::Shared, NsRequest::Shared)
+        );
+    }
+
+    #[test]
+    fn a_namespace_path_that_cannot_be_read_is_malformed_input() {
+        let (_t, bundle, oci) = bundle_with(
+            r#"{"root": {"path": "rootfs"},
+                "linux": {"namespaces": [{"type": "pid", "path": "/nonexistent/ns/pid"}]}}"#,
+        );
+        let e = expected(&bundle, &oci).expect_err("no such namespace");
+        assert_eq!(e.exit_code(), exit::INPUT);
+        assert!(
+            e.to_string()
+                .contains("linux.namespaces pid path /nonexistent/ns/pid"),
+            "{e}"
+        );
+        let (_t, bundle, oci) = bundle_with("{}");
+        let e = expected(&bundle, &oci).expect_err("no root.path");
+        assert_eq!(e.exit_code(), exit::UNSUPPORTED);
+    }
+
+    #[test]
+    fn a_container_sharing_the_hooks_mount_namespace_is_never_entered() {
+        let procfs = Procfs::open().expect("/proc");
+        let own = own_mnt(&procfs);
+        let e = enter(&procfs, &own_process(&procfs, false, own)).expect_err("shared");
+        assert_eq!(e.exit_code(), exit::UNSUPPORTED);
+        assert!(
+            e.to_string().contains("shares the host's mount namespace"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn inside_the_container_the_hook_stays_only_where_the_proof_saw_it() {
+        let procfs = Procfs::open().expect("/proc");
+        let own = own_mnt(&procfs);
+        let entered = enter(&procfs, &own_process(&procfs, true, own)).expect("already there");
+        entered.leave().expect("nothing to leave");
+        let e = enter(&procfs, &own_process(&procfs, true, NsId::fake(1)))
+            .expect_err("another namespace");
+        assert_eq!(e.exit_code(), exit::REFUSED);
+        assert!(e.to_string().contains("changed while the hook ran"), "{e}");
+    }
+
+    #[test]
+    fn ancestors_walk_up_from_the_runtime_to_pid_1() {
+        let procfs = Procfs::open().expect("/proc");
+        let me = facts_of(&procfs.process("self").expect("self")).expect("facts");
+        assert_eq!(me.pid, std::process::id());
+        let chain = ancestors(&procfs, &me);
+        assert_eq!(chain.first(), Some(&me.pid));
+        assert_eq!(chain.get(1), Some(&me.ppid));
+        assert!(chain.len() <= MAX_ANCESTORS);
+        let mut unique = chain.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), chain.len(), "no pid twice: {chain:?}");
+    }
+
+    #[test]
+    fn an_unpivoted_root_must_be_the_runtimes_rootfs_mount() {
+        let procfs = Procfs::open().expect("/proc");
+        let own = own_mnt(&procfs);
+        let container = own_process(&procfs, false, own);
+        let probe = RootProbe::take(&container).expect("probe");
+        assert!(!probe.pivoted, "the test process shares the hook's root");
+        let t = tempfile::tempdir().expect("tempdir");
+        let e = probe
+            .open(&container, t.path().to_str(), &procfs)
+            .expect_err("a plain directory is no rootfs mount");
+        assert_eq!(e.exit_code(), exit::UNSUPPORTED);
+        assert!(
+            e.to_string()
+                .contains("is not a mount in the container's mount namespace"),
+            "{e}"
+        );
+        let probe = RootProbe::take(&container).expect("probe");
+        let e = probe
+            .open(&container, None, &procfs)
+            .expect_err("no root.path");
+        assert_eq!(e.exit_code(), exit::UNSUPPORTED);
     }
 }

@@ -60,6 +60,14 @@ impl ContainerPath {
     pub fn name(&self) -> &str {
         &self.components[self.components.len() - 1]
     }
+
+    /// The directories above the path, outermost first (`/dev`, then
+    /// `/dev/nvidia-caps` for `/dev/nvidia-caps/nvidia-cap1`).
+    pub fn ancestors(&self) -> impl Iterator<Item = ContainerPath> + '_ {
+        (1..self.components.len()).map(|n| ContainerPath {
+            components: self.components[..n].to_vec(),
+        })
+    }
 }
 
 impl fmt::Display for ContainerPath {
@@ -332,6 +340,7 @@ fn mount_plan(mount: &Mount) -> Result<MountPlan, String> {
 #[cfg(test)]
 mod tests {
     use tessera_model::cdi::{Hook, IntelRdt};
+    use tessera_model::contract::vgpu::{CONTAINER_LIBRARY, HOST_LIBRARY};
 
     use super::*;
 
@@ -351,8 +360,8 @@ mod tests {
 
     fn mount(options: &[&str]) -> Mount {
         Mount {
-            host_path: "/usr/lib/tessera/libtessera_vgpu.so".into(),
-            container_path: "/usr/local/tessera/libtessera_vgpu.so".into(),
+            host_path: HOST_LIBRARY.into(),
+            container_path: CONTAINER_LIBRARY.into(),
             options: options.iter().map(|s| (*s).to_owned()).collect(),
             mount_type: None,
         }
@@ -364,6 +373,12 @@ mod tests {
         assert_eq!(p.to_string(), "/dev/nvidia-caps/nvidia-cap1");
         assert_eq!(p.parent(), ["dev", "nvidia-caps"]);
         assert_eq!(p.name(), "nvidia-cap1");
+        let above: Vec<String> = p.ancestors().map(|a| a.to_string()).collect();
+        assert_eq!(above, ["/dev", "/dev/nvidia-caps"]);
+        assert_eq!(
+            ContainerPath::parse("/x").expect("ok").ancestors().count(),
+            0
+        );
         for bad in ["dev/x", "/", "/dev/../etc/passwd", "/a\0b", ""] {
             assert!(ContainerPath::parse(bad).is_err(), "{bad:?}");
         }

@@ -12,6 +12,8 @@ use rustix::fs::{AtFlags, Mode, OFlags, PROC_SUPER_MAGIC};
 
 use crate::fsutil::read_bounded;
 
+pub use tessera_model::proc::{Status, parse_nspid, parse_status};
+
 /// The most bytes of a procfs text file read (mountinfo of a busy node is tens of KiB).
 const MAX_PROC_FILE: usize = 4 * 1024 * 1024;
 
@@ -67,6 +69,13 @@ impl Procfs {
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
     }
+
+    /// A second handle on the same checked `/proc` (the fd duplicated).
+    pub fn try_clone(&self) -> io::Result<Procfs> {
+        Ok(Procfs {
+            fd: self.fd.try_clone()?,
+        })
+    }
 }
 
 /// Reads the text file `rel` under the procfs directory `dir` (bounded);
@@ -119,7 +128,7 @@ impl ProcessDir {
     /// The pid and the parent pid (as this procfs numbers them) and the
     /// `NSpid` list (the pid in each pid namespace from this procfs's down to
     /// the process's own), from one read of `status`.
-    pub fn status(&self) -> io::Result<ProcStatus> {
+    pub fn status(&self) -> io::Result<Status> {
         let status = self.read("status")?;
         parse_status(&status).ok_or_else(|| {
             io::Error::other(format!(
@@ -128,32 +137,6 @@ impl ProcessDir {
             ))
         })
     }
-}
-
-/// What the hook takes from `/proc/<pid>/status`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcStatus {
-    /// `Pid:`.
-    pub pid: u32,
-    /// `PPid:`.
-    pub ppid: u32,
-    /// `NSpid:`, outermost first.
-    pub nspid: Vec<u32>,
-}
-
-/// Parses the `Pid:`, `PPid:` and `NSpid:` lines of `/proc/<pid>/status`.
-pub fn parse_status(status: &str) -> Option<ProcStatus> {
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-    };
-    Some(ProcStatus {
-        pid: field("Pid:")?,
-        ppid: field("PPid:")?,
-        nspid: parse_status_nspid(status)?,
-    })
 }
 
 impl NsId {
@@ -169,16 +152,6 @@ impl NsId {
     pub fn fake(ino: u64) -> NsId {
         NsId { dev: 4, ino }
     }
-}
-
-/// The pids of `NSpid:` in `/proc/<pid>/status`.
-pub fn parse_status_nspid(status: &str) -> Option<Vec<u32>> {
-    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    let pids: Option<Vec<u32>> = line
-        .split_ascii_whitespace()
-        .map(|p| p.parse().ok())
-        .collect();
-    pids.filter(|p| !p.is_empty())
 }
 
 /// One line of `/proc/<pid>/cgroup`.
@@ -305,28 +278,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn status_gives_pid_parent_and_nspid() {
-        let status = "Name:\tsh\nTgid:\t12765\nPid:\t12765\nPPid:\t12725\nNSpid:\t12765\t29\n";
-        assert_eq!(
-            parse_status(status),
-            Some(ProcStatus {
-                pid: 12765,
-                ppid: 12725,
-                nspid: vec![12765, 29]
-            })
-        );
-        assert_eq!(parse_status("Pid:\t1\nNSpid:\t1\n"), None);
-        assert_eq!(parse_status("Pid:\tx\nPPid:\t0\nNSpid:\t1\n"), None);
+    fn status_is_read_through_the_pinned_process_dir() {
+        let procfs = Procfs::open().expect("/proc");
+        let me = procfs.process("self").expect("self");
+        let status = me.status().expect("status");
+        assert_eq!(status.pid, std::process::id());
+        assert_eq!(status.nspid.first(), Some(&status.pid));
+        assert_eq!(me.label(), "self");
     }
 
     #[test]
-    fn nspid_lists_every_level() {
-        let status = "Name:\tsh\nTgid:\t12765\nNSpid:\t12765\t29\nPPid:\t1\n";
-        assert_eq!(parse_status_nspid(status), Some(vec![12765, 29]));
-        assert_eq!(parse_status_nspid("NSpid:\t7\n"), Some(vec![7]));
-        assert_eq!(parse_status_nspid("NSpid:\n"), None);
-        assert_eq!(parse_status_nspid("NSpid:\tx 1\n"), None);
-        assert_eq!(parse_status_nspid("Name: a\n"), None);
+    fn a_gone_process_is_not_found() {
+        let procfs = Procfs::open().expect("/proc");
+        // Above the kernel's pid_max limit (4194304): never a live pid.
+        let e = procfs.process("4194305").expect_err("no such pid");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
     }
 
     #[test]

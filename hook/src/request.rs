@@ -18,11 +18,13 @@
 
 use std::collections::BTreeMap;
 
-use tessera_model::alloc::{ALLOC_ID_ANNOTATION, ALLOC_ID_ENV, AllocId};
-use tessera_model::cdi::{ALLOC_KIND, ANNOTATION_PREFIX, name::validate_device_name};
-
-/// Env variable the NVIDIA runtime hook reads; honoured only when enabled in `hook.toml`.
-pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
+use tessera_model::alloc::AllocId;
+use tessera_model::cdi::name::validate_device_name;
+use tessera_model::contract::annotations::ALLOC_ID as ALLOC_ID_ANNOTATION;
+use tessera_model::contract::cdi::{ALL_DEVICES, ALLOC_KIND, ANNOTATION_PREFIX};
+use tessera_model::contract::env::{
+    ALLOC_ID as ALLOC_ID_ENV, VISIBLE_DEVICES as VISIBLE_DEVICES_ENV,
+};
 
 /// Where an allocation id came from, most trusted first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -44,11 +46,11 @@ impl IdSource {
 
 impl std::fmt::Display for IdSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            IdSource::Annotation => "annotation tessera.io/alloc-id",
-            IdSource::CdiAnnotation => "a cdi.k8s.io/ annotation",
-            IdSource::Env => "env TESSERA_ALLOC_ID",
-        })
+        match self {
+            IdSource::Annotation => write!(f, "annotation {ALLOC_ID_ANNOTATION}"),
+            IdSource::CdiAnnotation => write!(f, "a {ANNOTATION_PREFIX} annotation"),
+            IdSource::Env => write!(f, "env {ALLOC_ID_ENV}"),
+        }
     }
 }
 
@@ -153,7 +155,7 @@ pub fn parse_visible_devices(value: &str) -> Result<Option<VisibleDevices>, Stri
     }
     let mut names: Vec<String> = Vec::new();
     for entry in value.split(',').map(str::trim) {
-        if entry == "all" {
+        if entry == ALL_DEVICES {
             return Ok(Some(VisibleDevices::All));
         }
         validate_device_name(entry).map_err(|e| {

@@ -6,8 +6,10 @@
 //! a transient spec is kind `tessera.io/alloc` with exactly one device named
 //! after the allocation; the static spec is kind `tessera.io/gpu`.
 
-use tessera_model::alloc::{AllocId, STATIC_SPEC_FILE};
-use tessera_model::cdi::{ALLOC_KIND, ContainerEdits, GPU_KIND, Spec};
+use tessera_model::alloc::AllocId;
+use tessera_model::cdi::{ContainerEdits, Spec};
+use tessera_model::contract::cdi::{ALL_DEVICES, ALLOC_KIND, GPU_KIND};
+use tessera_model::contract::env::VISIBLE_DEVICES;
 
 use crate::error::{HookError, Result, one_line};
 use crate::request::VisibleDevices;
@@ -59,7 +61,7 @@ pub fn static_edits(
     if spec.kind != GPU_KIND {
         return Err(format!("kind is {:?}, expected {GPU_KIND:?}", spec.kind));
     }
-    let all = ["all".to_owned()];
+    let all = [ALL_DEVICES.to_owned()];
     let names: &[String] = match wanted {
         VisibleDevices::All => &all,
         VisibleDevices::Named(names) => names,
@@ -69,7 +71,7 @@ pub fn static_edits(
         let device = spec.devices.iter().find(|d| &d.name == name).ok_or_else(|| {
             let known: Vec<&str> = spec.devices.iter().map(|d| d.name.as_str()).collect();
             format!(
-                "NVIDIA_VISIBLE_DEVICES names {name:?}, which is not a device of {GPU_KIND} (devices: {})",
+                "{VISIBLE_DEVICES} names {name:?}, which is not a device of {GPU_KIND} (devices: {})",
                 known.join(", ")
             )
         })?;
@@ -103,33 +105,16 @@ pub fn load_alloc_edits(dir: Option<&TrustedDir>, id: &AllocId) -> Result<Option
     })
 }
 
-/// Loads the static spec and resolves `wanted` against it.
-pub fn load_static_edits(
-    dir: Option<&TrustedDir>,
-    wanted: &VisibleDevices,
-) -> Result<ContainerEdits> {
-    let spec = load_spec(dir, STATIC_SPEC_FILE)?.ok_or_else(|| {
-        HookError::Refused(format!(
-            "NVIDIA_VISIBLE_DEVICES asks for GPUs but there is no static spec {STATIC_SPEC_FILE} in the CDI directory (run `tessera-cdi generate`)"
-        ))
-    })?;
-    static_edits(&spec, wanted).map_err(HookError::Refused)
-}
-
 #[cfg(test)]
 mod tests {
     use tessera_model::cdi::{Device, DeviceNode, Hook, Mount};
+    use tessera_model::contract::hook::{BINARY_NAME, BINARY_PATH, PATH_ENV};
+    use tessera_model::contract::vgpu::{CONTAINER_LIBRARY, HOST_LIBRARY};
 
     use super::*;
 
-    fn node(path: &str, minor: i64) -> DeviceNode {
-        DeviceNode {
-            path: path.into(),
-            node_type: Some("c".into()),
-            major: Some(195),
-            minor: Some(minor),
-            ..Default::default()
-        }
+    fn node(path: &str, minor: u32) -> DeviceNode {
+        DeviceNode::char(path, 195, minor)
     }
 
     fn edits_with(nodes: Vec<DeviceNode>) -> ContainerEdits {
@@ -141,18 +126,18 @@ mod tests {
 
     fn common() -> ContainerEdits {
         ContainerEdits {
-            env: vec!["NVIDIA_VISIBLE_DEVICES=void".into()],
+            env: vec![format!("{VISIBLE_DEVICES}=void")],
             device_nodes: vec![node("/dev/nvidiactl", 255)],
             hooks: vec![Hook {
                 hook_name: "createContainer".into(),
-                path: "/usr/bin/tessera-hook".into(),
-                args: vec!["tessera-hook".into(), "prestart".into()],
-                env: vec!["PATH=/usr/bin".into()],
+                path: BINARY_PATH.into(),
+                args: vec![BINARY_NAME.into(), "prestart".into()],
+                env: vec![PATH_ENV.into()],
                 timeout: None,
             }],
             mounts: vec![Mount {
-                host_path: "/usr/lib/tessera/libtessera_vgpu.so".into(),
-                container_path: "/usr/local/tessera/libtessera_vgpu.so".into(),
+                host_path: HOST_LIBRARY.into(),
+                container_path: CONTAINER_LIBRARY.into(),
                 options: vec!["ro".into(), "bind".into()],
                 mount_type: None,
             }],
@@ -167,7 +152,7 @@ mod tests {
         let mut spec_level = common();
         let mut unbind = spec_level.hooks[0].clone();
         unbind.hook_name = "poststop".into();
-        unbind.args = vec!["tessera-hook".into(), "poststop".into()];
+        unbind.args = vec![BINARY_NAME.into(), "poststop".into()];
         spec_level.hooks.push(unbind);
         Spec::new(ALLOC_KIND, vec![Device::new(id, device)], spec_level).expect("valid spec")
     }
@@ -241,7 +226,7 @@ mod tests {
                 Device::new("GPU-aaaa", edits_with(vec![node("/dev/nvidia0", 0)])),
                 Device::new("1", edits_with(vec![node("/dev/nvidia1", 1)])),
                 Device::new(
-                    "all",
+                    ALL_DEVICES,
                     edits_with(vec![node("/dev/nvidia0", 0), node("/dev/nvidia1", 1)]),
                 ),
             ],

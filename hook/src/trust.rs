@@ -34,9 +34,14 @@ pub struct TrustedDir {
 
 /// Why the owner and mode of `stat` make it untrusted, if they do.
 pub fn ownership_problem(stat: &Stat) -> Option<String> {
-    let mode = mode_bits(stat);
-    if stat.st_uid != 0 {
-        Some(format!("owned by uid {}, not root", stat.st_uid))
+    owner_and_mode_problem(stat.st_uid, mode_bits(stat))
+}
+
+/// Why owner `uid` and permission bits `mode` make a file or directory
+/// untrusted, if they do: anyone but root could change it.
+pub fn owner_and_mode_problem(uid: u32, mode: u32) -> Option<String> {
+    if uid != 0 {
+        Some(format!("owned by uid {uid}, not root"))
     } else if mode & 0o002 != 0 {
         Some(format!("world-writable (mode {mode:04o})"))
     } else if mode & 0o020 != 0 {
@@ -150,5 +155,125 @@ pub fn read_trusted_file(path: &Path) -> Result<Option<Vec<u8>>> {
     match TrustedDir::open(dir)? {
         Some(dir) => dir.read(name),
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    use super::*;
+    use crate::error::exit;
+    use tessera_test_support::prereq::Need;
+
+    #[test]
+    fn only_root_owned_and_not_group_or_world_writable_is_trusted() {
+        for (uid, mode, problem) in [
+            (0, 0o755, None),
+            (0, 0o700, None),
+            (0, 0o644, None),
+            (0, 0o4755, None),
+            (0, 0o1777, Some("world-writable (mode 1777)")),
+            (0, 0o757, Some("world-writable (mode 0757)")),
+            (0, 0o775, Some("group-writable (mode 0775)")),
+            (1000, 0o755, Some("owned by uid 1000, not root")),
+            (65534, 0o777, Some("owned by uid 65534, not root")),
+        ] {
+            assert_eq!(
+                owner_and_mode_problem(uid, mode).as_deref(),
+                problem,
+                "uid {uid} mode {mode:o}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_directory_means_no_spec() {
+        assert!(
+            TrustedDir::open(Path::new("/nonexistent/tessera/cdi"))
+                .expect("no error")
+                .is_none()
+        );
+        assert!(
+            read_trusted_file(Path::new("/nonexistent/tessera/hook.toml"))
+                .expect("no error")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_symlinked_directory_is_refused_naming_the_symlink() {
+        let t = tempfile::tempdir().expect("tempdir");
+        symlink("/etc", t.path().join("cdi")).expect("symlink");
+        let e = TrustedDir::open(&t.path().join("cdi")).expect_err("symlink");
+        assert_eq!(e.exit_code(), exit::REFUSED);
+        assert!(
+            e.to_string()
+                .ends_with("is a symlink; refusing to follow it"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_directory_not_owned_by_root_is_refused() {
+        let t = tempfile::tempdir().expect("tempdir");
+        if rustix::process::geteuid().is_root() {
+            rustix::fs::chown(
+                t.path(),
+                Some(rustix::fs::Uid::from_raw(65534)),
+                Some(rustix::fs::Gid::from_raw(65534)),
+            )
+            .expect("chown");
+        }
+        let e = TrustedDir::open(t.path()).expect_err("not root's");
+        assert_eq!(e.exit_code(), exit::REFUSED);
+        assert!(e.to_string().contains("not root; refusing it"), "{e}");
+    }
+
+    #[test]
+    fn names_with_a_slash_or_dots_are_not_read() {
+        // `/` is root's and not writable by others on every system.
+        let root = TrustedDir::open(Path::new("/"))
+            .expect("trusted")
+            .expect("exists");
+        for name in ["etc/passwd", "..", ".", ""] {
+            let e = root.read(name).expect_err(name);
+            assert!(
+                e.to_string().contains("not a plain file name"),
+                "{name:?}: {e}"
+            );
+        }
+        assert!(
+            root.read("nonexistent-tessera-file")
+                .expect("missing")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_root_owned_file_is_read_and_a_world_writable_one_refused() {
+        tessera_test_support::require!(Need::Root);
+        let t = tempfile::tempdir().expect("tempdir");
+        let dir = TrustedDir::open(t.path())
+            .expect("trusted")
+            .expect("exists");
+        std::fs::write(t.path().join("good.json"), b"{}").expect("file");
+        std::fs::set_permissions(t.path().join("good.json"), PermissionsExt::from_mode(0o644))
+            .expect("chmod");
+        assert_eq!(
+            dir.read("good.json").expect("read").as_deref(),
+            Some(&b"{}"[..])
+        );
+        std::fs::write(t.path().join("open.json"), b"{}").expect("file");
+        std::fs::set_permissions(t.path().join("open.json"), PermissionsExt::from_mode(0o666))
+            .expect("chmod");
+        let e = dir.read("open.json").expect_err("world-writable");
+        assert!(e.to_string().contains("world-writable"), "{e}");
+        symlink(t.path().join("good.json"), t.path().join("link.json")).expect("symlink");
+        let e = dir.read("link.json").expect_err("symlink");
+        assert!(e.to_string().contains("is a symlink"), "{e}");
+        std::fs::create_dir(t.path().join("sub")).expect("dir");
+        let e = dir.read("sub").expect_err("a directory");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 }

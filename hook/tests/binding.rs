@@ -6,7 +6,7 @@ mod common;
 
 use std::fs;
 
-use common::{Fixture, alloc_spec, code_and_stderr, config_json, skip_unless_root};
+use common::{Fixture, Need, alloc_spec, code_and_stderr, config_json, require};
 use serde_json::{Value, json};
 
 fn cdi_config(alloc: &str) -> Value {
@@ -40,9 +40,7 @@ fn applied(alloc: &str) -> Fixture {
 
 #[test]
 fn applied_spec_is_bound_and_unbound() {
-    if skip_unless_root("applied_spec_is_bound_and_unbound") {
-        return;
-    }
+    require!(Need::Root);
     let alloc = "3f2b7c1a-9d4e-4f6a-8b1c-2d3e4f5a6b7c-0";
     let fx = applied(alloc);
     // A stand-in init in its own mount and pid namespaces runs the hook, as
@@ -118,9 +116,7 @@ fn applied_spec_is_bound_and_unbound() {
 
 #[test]
 fn the_test_process_is_no_container_init() {
-    if skip_unless_root("the_test_process_is_no_container_init") {
-        return;
-    }
+    require!(Need::Root);
     // What the hook used to accept: any live host pid in the state. The test
     // process is neither in the container's namespaces nor started by the
     // process running the hook.
@@ -145,9 +141,7 @@ fn the_test_process_is_no_container_init() {
 
 #[test]
 fn prestart_without_pid_is_refused() {
-    if skip_unless_root("prestart_without_pid_is_refused") {
-        return;
-    }
+    require!(Need::Root);
     let alloc = "pod-0";
     let fx = applied(alloc);
     let (code, stderr) = code_and_stderr(&fx.run("prestart", &fx.state("ctr-1", None)));
@@ -158,9 +152,7 @@ fn prestart_without_pid_is_refused() {
 
 #[test]
 fn a_symlinked_state_dir_is_refused() {
-    if skip_unless_root("a_symlinked_state_dir_is_refused") {
-        return;
-    }
+    require!(Need::Root);
     let alloc = "pod-0";
     let fx = applied(alloc);
     fs::remove_dir(fx.path("state")).expect("rm state");

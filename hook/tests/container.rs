@@ -12,29 +12,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Fixture, alloc_spec, skip_unless_root};
+use common::{Fixture, Need, alloc_spec, require};
 use serde_json::{Value, json};
+use tessera_test_support::rootfs::busybox;
 
-fn busybox() -> Option<PathBuf> {
-    ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-}
-
-fn runc_available(test: &str) -> bool {
-    if skip_unless_root(test) {
-        return false;
-    }
-    if Command::new("runc").arg("--version").output().is_err() {
-        eprintln!("SKIP {test}: runc is not installed");
-        return false;
-    }
-    if busybox().is_none() {
-        eprintln!("SKIP {test}: no busybox binary for the rootfs (apt-get install busybox-static)");
-        return false;
-    }
-    true
+/// Root (the hook's trust checks, mounts), runc and busybox for the rootfs.
+fn runc_available() -> bool {
+    require(&[Need::Root, Need::Program("runc"), Need::Program("busybox")]).is_ok()
 }
 
 /// A bundle whose process runs `script` with busybox sh, with the hook
@@ -188,27 +172,35 @@ fn mounts(fx: &Fixture, id: &str, host: &Path) -> Value {
     ])
 }
 
+/// Writes the spec of allocation `alloc` (vgpu.json and the accounting
+/// directory mounted), a bundle naming it that runs [`CHECK_SCRIPT`] with the
+/// hook at `points`, and creates the container, which must succeed.
+fn create_checked(fx: &Fixture, alloc: &str, points: &[&str], tag: &str) -> Run {
+    let host = host_files(fx);
+    fx.write_spec(
+        &format!("tessera.io-alloc_{alloc}.json"),
+        &alloc_spec(alloc, mounts(fx, alloc, &host)),
+    );
+    bundle_with_hooks(
+        fx,
+        json!({"tessera.io/alloc-id": alloc}),
+        &[],
+        CHECK_SCRIPT,
+        points,
+    );
+    let (run, created, stderr) = Run::create(fx, tag);
+    assert!(created.success(), "runc create: {stderr}");
+    run
+}
+
 #[test]
 fn legacy_injection_binds_and_unbinds_a_runc_container() {
-    if !runc_available("legacy_injection_binds_and_unbinds_a_runc_container") {
+    if !runc_available() {
         return;
     }
     let fx = Fixture::new();
     let alloc = "pod-1234-0";
-    let host = host_files(&fx);
-    fx.write_spec(
-        &format!("tessera.io-alloc_{alloc}.json"),
-        &alloc_spec(alloc, mounts(&fx, alloc, &host)),
-    );
-    bundle(
-        &fx,
-        json!({"tessera.io/alloc-id": alloc}),
-        &[],
-        CHECK_SCRIPT,
-    );
-
-    let (run, created, stderr) = Run::create(&fx, "legacy");
-    assert!(created.success(), "runc create: {stderr}");
+    let run = create_checked(&fx, alloc, &["prestart", "createContainer"], "legacy");
     let pid = run.state()["pid"].as_u64().expect("pid");
     let b = binding(&fx, alloc).expect("binding.json after create");
     assert_eq!(b["containerId"], run.id.as_str());
@@ -259,7 +251,7 @@ fn legacy_injection_binds_and_unbinds_a_runc_container() {
 
 #[test]
 fn a_failure_midway_leaves_no_host_state() {
-    if !runc_available("a_failure_midway_leaves_no_host_state") {
+    if !runc_available() {
         return;
     }
     let fx = Fixture::new();
@@ -290,7 +282,7 @@ fn a_failure_midway_leaves_no_host_state() {
 
 #[test]
 fn nvidia_visible_devices_uses_the_static_spec_when_enabled() {
-    if !runc_available("nvidia_visible_devices_uses_the_static_spec_when_enabled") {
+    if !runc_available() {
         return;
     }
     let node = |p: &str, minor: u32| json!({"path": p, "type": "c", "major": 195, "minor": minor, "permissions": "rw"});
@@ -323,27 +315,14 @@ fn nvidia_visible_devices_uses_the_static_spec_when_enabled() {
 
 #[test]
 fn a_create_container_hook_injects_from_inside_the_container() {
-    if !runc_available("a_create_container_hook_injects_from_inside_the_container") {
+    if !runc_available() {
         return;
     }
     let fx = Fixture::new();
     let alloc = "pod-9-0";
-    let host = host_files(&fx);
-    fx.write_spec(
-        &format!("tessera.io-alloc_{alloc}.json"),
-        &alloc_spec(alloc, mounts(&fx, alloc, &host)),
-    );
     // runc runs createContainer hooks in the container's mount and pid
     // namespaces with pid 1 in the state: the hook finds the init as its parent.
-    bundle_with_hooks(
-        &fx,
-        json!({"tessera.io/alloc-id": alloc}),
-        &[],
-        CHECK_SCRIPT,
-        &["createContainer"],
-    );
-    let (run, created, stderr) = Run::create(&fx, "inside");
-    assert!(created.success(), "runc create: {stderr}");
+    let run = create_checked(&fx, alloc, &["createContainer"], "inside");
     let pid = run.state()["pid"].as_u64().expect("pid");
     assert_eq!(
         binding(&fx, alloc).expect("binding")["pid"].as_u64(),

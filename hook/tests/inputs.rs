@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Fixture, code_and_stderr, config_json, run_hook};
+use common::{Fixture, Need, code_and_stderr, config_json, require, run_hook};
 use serde_json::json;
 
 fn assert_one_line(stderr: &str) {
@@ -84,10 +84,7 @@ fn strict_hook_toml_exits_3_with_the_place() {
     )
     .expect("write");
     let (code, stderr) = code_and_stderr(&fx.run("prestart", &fx.state("x", Some(1))));
-    if !common::is_root() {
-        eprintln!("SKIP strict_hook_toml_exits_3_with_the_place: hook.toml must be root-owned");
-        return;
-    }
+    require!(Need::Root);
     assert_eq!(code, 3, "{stderr}");
     assert!(
         stderr.contains("hook.toml: line 2 column 1: unknown field `state_dri`"),
@@ -132,10 +129,7 @@ fn missing_spec_for_an_annotated_allocation_exits_4() {
     let fx = Fixture::new();
     fx.write_config(&config_json(json!({"tessera.io/alloc-id": "gone-0"}), &[]));
     let (code, stderr) = code_and_stderr(&fx.run("prestart", &fx.state("x", Some(1))));
-    if !common::is_root() {
-        eprintln!("SKIP missing_spec_for_an_annotated_allocation_exits_4: needs root");
-        return;
-    }
+    require!(Need::Root);
     assert_eq!(code, 4, "{stderr}");
     assert!(
         stderr.contains("no transient spec tessera.io-alloc_gone-0.json"),

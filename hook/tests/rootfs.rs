@@ -7,47 +7,39 @@ mod common;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, symlink};
 
-use rustix::fs::{Mode, OFlags};
+use common::{Need, require};
 use tessera_hook::journal::Journal;
 use tessera_hook::plan::{ContainerPath, NodeKind, NodePlan};
 use tessera_hook::rootfs::{ContainerRoot, Outcome};
+use tessera_test_support::rootfs::RootBesideHost as Tree;
 
-struct Tree {
-    dir: tempfile::TempDir,
+trait Root {
+    fn root(&self) -> ContainerRoot;
 }
 
-impl Tree {
-    fn new() -> Tree {
-        let dir = tempfile::tempdir().expect("tempdir");
-        fs::create_dir_all(dir.path().join("rootfs")).expect("rootfs");
-        fs::create_dir_all(dir.path().join("host")).expect("host");
-        fs::write(dir.path().join("host/secret"), "host data").expect("secret");
-        Tree { dir }
-    }
-    fn p(&self, rel: &str) -> std::path::PathBuf {
-        self.dir.path().join(rel)
-    }
+impl Root for Tree {
     fn root(&self) -> ContainerRoot {
-        let fd = rustix::fs::open(
-            self.p("rootfs").as_path(),
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .expect("open rootfs");
-        ContainerRoot::new(fd)
+        ContainerRoot::new(self.open_root())
     }
-    fn host_untouched(&self) {
-        let names: Vec<_> = fs::read_dir(self.p("host"))
-            .expect("host dir")
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names, ["secret"], "something was created in the host dir");
-        assert_eq!(
-            fs::read_to_string(self.p("host/secret")).expect("read"),
-            "host data"
-        );
-    }
+}
+
+/// A root beside a host directory holding one file, `secret`.
+fn tree() -> Tree {
+    let t = Tree::new();
+    t.write("host/secret", "host data");
+    t
+}
+
+fn host_untouched(t: &Tree) {
+    assert_eq!(
+        t.host_names(),
+        ["secret"],
+        "something was created in the host dir"
+    );
+    assert_eq!(
+        fs::read_to_string(t.p("host/secret")).expect("read"),
+        "host data"
+    );
 }
 
 /// The rootfs writer sets the process umask around each creation, as the
@@ -59,6 +51,13 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// This test's turn and a fresh tree; `None`, after a skip, without root.
+fn turn_and_tree() -> Option<(std::sync::MutexGuard<'static, ()>, Tree)> {
+    let turn = one_at_a_time();
+    require(&[Need::Root]).ok()?;
+    Some((turn, tree()))
 }
 
 fn node(path: &str, minor: u32) -> NodePlan {
@@ -76,13 +75,9 @@ fn node(path: &str, minor: u32) -> NodePlan {
 
 #[test]
 fn nodes_are_created_in_the_root_with_missing_parents_and_idempotently() {
-    let _turn = one_at_a_time();
-    if common::skip_unless_root(
-        "nodes_are_created_in_the_root_with_missing_parents_and_idempotently",
-    ) {
+    let Some((_turn, t)) = turn_and_tree() else {
         return;
-    }
-    let t = Tree::new();
+    };
     let root = t.root();
     let mut journal = Journal::default();
     let cap = node("/dev/nvidia-caps/nvidia-cap12", 12);
@@ -128,11 +123,9 @@ fn nodes_are_created_in_the_root_with_missing_parents_and_idempotently() {
 
 #[test]
 fn undo_removes_what_the_run_created() {
-    let _turn = one_at_a_time();
-    if common::skip_unless_root("undo_removes_what_the_run_created") {
+    let Some((_turn, t)) = turn_and_tree() else {
         return;
-    }
-    let t = Tree::new();
+    };
     fs::create_dir(t.p("rootfs/dev")).expect("dev");
     let root = t.root();
     let mut journal = Journal::default();
@@ -149,11 +142,9 @@ fn undo_removes_what_the_run_created() {
 
 #[test]
 fn absolute_symlinks_in_the_image_stay_inside() {
-    let _turn = one_at_a_time();
-    if common::skip_unless_root("absolute_symlinks_in_the_image_stay_inside") {
+    let Some((_turn, t)) = turn_and_tree() else {
         return;
-    }
-    let t = Tree::new();
+    };
     // /dev points at the host directory by its absolute host path.
     symlink(t.p("host"), t.p("rootfs/dev")).expect("symlink dev");
     let root = t.root();
@@ -163,7 +154,7 @@ fn absolute_symlinks_in_the_image_stay_inside() {
     // hook will not create directories through a symlink, so it refuses.
     assert!(result.is_err(), "{result:?}");
     journal.undo(None);
-    t.host_untouched();
+    host_untouched(&t);
     let inside = t
         .p("rootfs")
         .join(t.p("host").strip_prefix("/").expect("abs"));
@@ -172,11 +163,9 @@ fn absolute_symlinks_in_the_image_stay_inside() {
 
 #[test]
 fn dotdot_symlinks_in_the_image_stay_inside() {
-    let _turn = one_at_a_time();
-    if common::skip_unless_root("dotdot_symlinks_in_the_image_stay_inside") {
+    let Some((_turn, t)) = turn_and_tree() else {
         return;
-    }
-    let t = Tree::new();
+    };
     fs::create_dir(t.p("rootfs/dev")).expect("dev");
     symlink(
         "../../../../../../../../host",
@@ -191,16 +180,14 @@ fn dotdot_symlinks_in_the_image_stay_inside() {
     assert!(caps.is_err(), "{caps:?}");
     assert!(gpu.is_err(), "a symlink where the node goes is not a node");
     journal.undo(None);
-    t.host_untouched();
+    host_untouched(&t);
 }
 
 #[test]
 fn mount_targets_are_never_created_through_symlinks() {
-    let _turn = one_at_a_time();
-    if common::skip_unless_root("mount_targets_are_never_created_through_symlinks") {
+    let Some((_turn, t)) = turn_and_tree() else {
         return;
-    }
-    let t = Tree::new();
+    };
     fs::create_dir(t.p("rootfs/etc")).expect("etc");
     symlink(t.p("host/secret"), t.p("rootfs/etc/ld.so.preload")).expect("symlink preload");
     symlink(t.p("host"), t.p("rootfs/usr")).expect("symlink usr");
@@ -215,18 +202,15 @@ fn mount_targets_are_never_created_through_symlinks() {
     let r = root.mount_target(&lib, false, &mut journal);
     assert!(r.is_err(), "{r:?}");
     journal.undo(None);
-    t.host_untouched();
+    host_untouched(&t);
 }
 
 #[test]
 fn a_symlink_inside_the_root_is_followed_inside() {
-    let _turn = one_at_a_time();
-    if common::skip_unless_root("a_symlink_inside_the_root_is_followed_inside") {
+    let Some((_turn, t)) = turn_and_tree() else {
         return;
-    }
-    let t = Tree::new();
-    fs::create_dir_all(t.p("rootfs/real/etc")).expect("dirs");
-    fs::write(t.p("rootfs/real/etc/ld.so.preload"), "").expect("file");
+    };
+    t.write("rootfs/real/etc/ld.so.preload", "");
     symlink("/real/etc", t.p("rootfs/etc")).expect("symlink etc");
     let root = t.root();
     let mut journal = Journal::default();

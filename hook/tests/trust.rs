@@ -8,7 +8,7 @@ use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 
-use common::{Fixture, alloc_spec, code_and_stderr, config_json, skip_unless_root};
+use common::{Fixture, Need, alloc_spec, code_and_stderr, config_json, require};
 use serde_json::json;
 use tessera_hook::trust::TrustedDir;
 
@@ -31,9 +31,7 @@ fn refusal(dir: &Path, file: &str) -> String {
 
 #[test]
 fn a_root_owned_private_spec_is_read() {
-    if skip_unless_root("a_root_owned_private_spec_is_read") {
-        return;
-    }
+    require!(Need::Root);
     let fx = Fixture::new();
     fx.write_spec("s.json", &json!({"x": 1}));
     let dir = TrustedDir::open(&fx.path("cdi"))
@@ -46,9 +44,7 @@ fn a_root_owned_private_spec_is_read() {
 
 #[test]
 fn untrusted_specs_and_directories_are_refused() {
-    if skip_unless_root("untrusted_specs_and_directories_are_refused") {
-        return;
-    }
+    require!(Need::Root);
     let fx = Fixture::new();
     let cdi = fx.path("cdi");
     let spec = fx.write_spec("s.json", &json!({}));
@@ -88,9 +84,7 @@ fn untrusted_specs_and_directories_are_refused() {
 
 #[test]
 fn the_hook_refuses_an_untrusted_spec_and_changes_nothing() {
-    if skip_unless_root("the_hook_refuses_an_untrusted_spec_and_changes_nothing") {
-        return;
-    }
+    require!(Need::Root);
     let fx = Fixture::new();
     let spec = fx.write_spec(
         "tessera.io-alloc_pod-0.json",
@@ -113,9 +107,7 @@ fn the_hook_refuses_an_untrusted_spec_and_changes_nothing() {
 
 #[test]
 fn hook_toml_is_a_trusted_file_too() {
-    if skip_unless_root("hook_toml_is_a_trusted_file_too") {
-        return;
-    }
+    require!(Need::Root);
     let fx = Fixture::new();
     fx.write_config(&config_json(json!({"tessera.io/alloc-id": "pod-0"}), &[]));
     chmod(&fx.path("hook.toml"), 0o666);

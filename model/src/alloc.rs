@@ -16,14 +16,9 @@ use crate::cdi::ALLOC_KIND;
 /// with a wide margin; the bound keeps file names well under `NAME_MAX`.
 pub const MAX_LEN: usize = 100;
 
-/// Container annotation naming the allocation, for engines without CDI.
-pub const ALLOC_ID_ANNOTATION: &str = "tessera.io/alloc-id";
-
-/// Environment variable a transient spec sets to the allocation's id.
-pub const ALLOC_ID_ENV: &str = "TESSERA_ALLOC_ID";
-
-/// File name of the static per-node spec inside the CDI spec directory.
-pub const STATIC_SPEC_FILE: &str = "tessera.io-gpu.json";
+pub use crate::contract::annotations::ALLOC_ID as ALLOC_ID_ANNOTATION;
+pub use crate::contract::cdi::STATIC_SPEC_FILE;
+pub use crate::contract::env::ALLOC_ID as ALLOC_ID_ENV;
 
 /// A validated allocation id.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -109,7 +104,7 @@ impl AllocId {
 
     /// File name of the allocation's transient spec: `tessera.io-alloc_<id>.json`.
     pub fn spec_file_name(&self) -> String {
-        format!("{}_{}.json", ALLOC_KIND.replace('/', "-"), self.0)
+        crate::contract::cdi::transient_spec_file(&self.0)
     }
 
     /// The qualified CDI device name, `tessera.io/alloc=<id>`.

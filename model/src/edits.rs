@@ -42,10 +42,7 @@ impl Default for HookSettings {
     }
 }
 
-/// Installed location of the hook binary.
-pub const DEFAULT_HOOK_PATH: &str = "/usr/bin/tessera-hook";
-/// The `PATH` every emitted hook entry gets; nothing else leaks in from the container.
-pub const HOOK_PATH_ENV: &str = "PATH=/usr/sbin:/usr/bin:/sbin:/bin";
+pub use crate::contract::hook::{BINARY_PATH as DEFAULT_HOOK_PATH, PATH_ENV as HOOK_PATH_ENV};
 
 /// Options of every driver file bind-mounted into a container: read-only, and
 /// no set-uid or device files through it.
@@ -58,13 +55,9 @@ const LIBRARY_MOUNT_OPTIONS: [&str; 5] = ["ro", "nosuid", "nodev", "bind", "rpri
 /// written only when it differs from the container path (a simulated root).
 pub fn device_node(dev: &CharDevice) -> DeviceNode {
     DeviceNode {
-        path: dev.container_path.clone(),
         host_path: (dev.host_path != dev.container_path).then(|| dev.host_path.clone()),
-        node_type: Some("c".to_owned()),
-        major: Some(i64::from(dev.major)),
-        minor: Some(i64::from(dev.minor)),
         permissions: Some("rw".to_owned()),
-        ..DeviceNode::default()
+        ..DeviceNode::char(dev.container_path.clone(), dev.major, dev.minor)
     }
 }
 
@@ -148,7 +141,7 @@ pub fn static_devices(facts: &NodeFacts) -> Vec<Device> {
         if gpu.info.mig_enabled() {
             for mig in &gpu.mig_devices {
                 let names = [
-                    format!("{}:{}", gpu.info.index, mig.device.mig_index),
+                    crate::contract::cdi::mig_device_name(gpu.info.index, mig.device.mig_index),
                     mig.device.uuid.clone(),
                 ];
                 push(&mut devices, names, for_mig(gpu, mig));

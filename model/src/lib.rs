@@ -9,8 +9,10 @@
 
 pub mod alloc;
 pub mod cdi;
+pub mod contract;
 pub mod edits;
 pub mod facts;
 pub mod gpu;
 pub mod mig;
+pub mod proc;
 pub mod vgpu;

@@ -23,20 +23,13 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Where the limits file sits inside a container (mounted read-only).
-pub const CONTAINER_CONFIG_PATH: &str = "/usr/local/tessera/vgpu.json";
-
-/// The per-allocation accounting directory inside a container (read-write).
-pub const DEFAULT_ACCOUNTING_DIR: &str = "/var/run/tessera";
-
-/// Name of the shared accounting file inside the accounting directory.
-pub const ACCOUNTING_FILE_NAME: &str = "vgpu.accounting";
+pub use crate::contract::vgpu::{
+    ACCOUNTING_DIR as DEFAULT_ACCOUNTING_DIR, ACCOUNTING_FILE as ACCOUNTING_FILE_NAME,
+    CONTAINER_CONFIG_PATH, MAX_DEVICES,
+};
 
 /// The limits file version this library reads.
 pub const CONFIG_VERSION: u32 = 1;
-
-/// Most devices one container's limits can name (HAMi-core's limit as well).
-pub const MAX_DEVICES: usize = 16;
 
 /// Largest accepted `memoryScaling`.
 pub const MAX_MEMORY_SCALING: f64 = 64.0;
@@ -45,22 +38,7 @@ pub const MAX_MEMORY_SCALING: f64 = 64.0;
 pub const MIB: u64 = 1 << 20;
 
 /// The HAMi-core environment names, read only where the limits file is absent.
-pub mod env_names {
-    /// Memory limit of every device (bytes, or with a `k`/`m`/`g` suffix).
-    pub const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
-    /// Prefix of the per-device memory limit, `CUDA_DEVICE_MEMORY_LIMIT_<i>`.
-    pub const MEMORY_LIMIT_PREFIX: &str = "CUDA_DEVICE_MEMORY_LIMIT_";
-    /// SM share of every device, in percent.
-    pub const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
-    /// Prefix of the per-device SM share, `CUDA_DEVICE_SM_LIMIT_<i>`.
-    pub const SM_LIMIT_PREFIX: &str = "CUDA_DEVICE_SM_LIMIT_";
-    /// Path of the shared accounting file (a directory is accepted too).
-    pub const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
-    /// `true`/`1`: allocations that do not fit physically may use host memory.
-    pub const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
-    /// HAMi-core's numeric log level, or a level name.
-    pub const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
-}
+pub use crate::contract::env::hami as env_names;
 
 /// How much the interception library logs (to stderr of the workload).
 ///
@@ -219,8 +197,25 @@ impl VgpuConfigError {
     }
 }
 
-const TOP_FIELDS: &str = "version, devices, accountingDir, oversubscribe, memoryScaling, logLevel";
-const DEVICE_FIELDS: &str = "uuid, memoryLimitMiB, smLimitPercent";
+/// Checks one field of the limits file, given its full name and value.
+type FieldCheck = fn(&str, &Value) -> Option<VgpuConfigError>;
+
+/// The fields of the file's top level, in the order errors list them.
+const TOP_FIELDS: [(&str, FieldCheck); 6] = [
+    ("version", check_type::<u32>),
+    ("devices", |_, v| locate_devices(v)),
+    ("accountingDir", check_type::<PathBuf>),
+    ("oversubscribe", check_type::<bool>),
+    ("memoryScaling", check_type::<f64>),
+    ("logLevel", check_type::<LogLevel>),
+];
+
+/// The fields of one `devices[]` entry.
+const DEVICE_FIELDS: [(&str, FieldCheck); 3] = [
+    ("uuid", check_type::<String>),
+    ("memoryLimitMiB", check_type::<u64>),
+    ("smLimitPercent", check_type::<u32>),
+];
 
 impl VgpuConfig {
     /// Parses and validates a limits file. Errors are one line and name the
@@ -341,29 +336,7 @@ fn locate(value: &Value) -> Option<VgpuConfigError> {
             format!("expected an object, found {}", kind_of(value)),
         ));
     };
-    for required in ["version", "devices"] {
-        if !object.contains_key(required) {
-            return Some(VgpuConfigError::field(required, "missing"));
-        }
-    }
-    for (key, v) in object {
-        let problem = match key.as_str() {
-            "version" => check_type::<u32>(key, v),
-            "accountingDir" => check_type::<PathBuf>(key, v),
-            "oversubscribe" => check_type::<bool>(key, v),
-            "memoryScaling" => check_type::<f64>(key, v),
-            "logLevel" => check_type::<LogLevel>(key, v),
-            "devices" => locate_devices(v),
-            other => Some(VgpuConfigError::field(
-                other,
-                format!("unknown field (expected one of {TOP_FIELDS})"),
-            )),
-        };
-        if problem.is_some() {
-            return problem;
-        }
-    }
-    None
+    locate_in(object, "", &["version", "devices"], &TOP_FIELDS)
 }
 
 fn locate_devices(value: &Value) -> Option<VgpuConfigError> {
@@ -373,36 +346,44 @@ fn locate_devices(value: &Value) -> Option<VgpuConfigError> {
             format!("expected an array, found {}", kind_of(value)),
         ));
     };
-    for (i, device) in devices.iter().enumerate() {
+    devices.iter().enumerate().find_map(|(i, device)| {
         let Some(object) = device.as_object() else {
             return Some(VgpuConfigError::field(
                 format!("devices[{i}]"),
                 format!("expected an object, found {}", kind_of(device)),
             ));
         };
-        if !object.contains_key("uuid") {
-            return Some(VgpuConfigError::field(
-                format!("devices[{i}].uuid"),
-                "missing",
-            ));
-        }
-        for (key, v) in object {
-            let field = format!("devices[{i}].{key}");
-            let problem = match key.as_str() {
-                "uuid" => check_type::<String>(&field, v),
-                "memoryLimitMiB" => check_type::<u64>(&field, v),
-                "smLimitPercent" => check_type::<u32>(&field, v),
-                _ => Some(VgpuConfigError::field(
+        locate_in(object, &format!("devices[{i}]."), &["uuid"], &DEVICE_FIELDS)
+    })
+}
+
+/// The first problem of one object: a `required` field missing, else a field
+/// its check refuses or one not in `fields`. Fields are named `<prefix><key>`.
+fn locate_in(
+    object: &serde_json::Map<String, Value>,
+    prefix: &str,
+    required: &[&str],
+    fields: &[(&str, FieldCheck)],
+) -> Option<VgpuConfigError> {
+    if let Some(missing) = required.iter().find(|name| !object.contains_key(**name)) {
+        return Some(VgpuConfigError::field(
+            format!("{prefix}{missing}"),
+            "missing",
+        ));
+    }
+    object.iter().find_map(|(key, v)| {
+        let field = format!("{prefix}{key}");
+        match fields.iter().find(|(name, _)| name == key) {
+            Some((_, check)) => check(&field, v),
+            None => {
+                let names: Vec<&str> = fields.iter().map(|(name, _)| *name).collect();
+                Some(VgpuConfigError::field(
                     field,
-                    format!("unknown field (expected one of {DEVICE_FIELDS})"),
-                )),
-            };
-            if problem.is_some() {
-                return problem;
+                    format!("unknown field (expected one of {})", names.join(", ")),
+                ))
             }
         }
-    }
-    None
+    })
 }
 
 fn check_type<T: DeserializeOwned>(field: &str, value: &Value) -> Option<VgpuConfigError> {
@@ -557,39 +538,20 @@ impl EnvLimits {
         let mut limits = EnvLimits::default();
         for (name, value) in vars {
             let name = name.as_str();
-            if name == MEMORY_LIMIT {
-                limits.present = true;
-                limits.memory_limit_bytes = nonzero(
-                    parse_memory_size(&value).map_err(|m| EnvLimitsError::new(name, &value, m))?,
-                );
-            } else if let Some(index) = name.strip_prefix(MEMORY_LIMIT_PREFIX) {
-                limits.present = true;
-                let Some(index) = env_index(name, index, &value, &mut limits.warnings)? else {
-                    continue;
-                };
-                let bytes =
-                    parse_memory_size(&value).map_err(|m| EnvLimitsError::new(name, &value, m))?;
-                match bytes {
-                    0 => limits.device_memory_limit_bytes.remove(&index),
-                    b => limits.device_memory_limit_bytes.insert(index, b),
-                };
-            } else if name == SM_LIMIT {
-                limits.present = true;
-                limits.sm_limit_percent = nonzero(
-                    parse_percent(&value).map_err(|m| EnvLimitsError::new(name, &value, m))?,
-                );
-            } else if let Some(index) = name.strip_prefix(SM_LIMIT_PREFIX) {
-                limits.present = true;
-                let Some(index) = env_index(name, index, &value, &mut limits.warnings)? else {
-                    continue;
-                };
-                let percent =
-                    parse_percent(&value).map_err(|m| EnvLimitsError::new(name, &value, m))?;
-                match percent {
-                    0 => limits.device_sm_limit_percent.remove(&index),
-                    p => limits.device_sm_limit_percent.insert(index, p),
-                };
-            } else if name == SHARED_CACHE {
+            if limits.set_limit(
+                (name, &value),
+                (MEMORY_LIMIT, MEMORY_LIMIT_PREFIX),
+                parse_memory_size,
+                |l| (&mut l.memory_limit_bytes, &mut l.device_memory_limit_bytes),
+            )? || limits.set_limit(
+                (name, &value),
+                (SM_LIMIT, SM_LIMIT_PREFIX),
+                parse_percent,
+                |l| (&mut l.sm_limit_percent, &mut l.device_sm_limit_percent),
+            )? {
+                continue;
+            }
+            if name == SHARED_CACHE {
                 limits.present = true;
                 let path = PathBuf::from(value.trim());
                 if value.trim().is_empty() {
@@ -678,6 +640,47 @@ impl EnvLimits {
             memory_scaling: 1.0,
             log_level: self.log_level,
         }
+    }
+}
+
+/// A limit's fields in [`EnvLimits`]: for every device, and by device ordinal.
+type LimitFields<'a, T> = (&'a mut Option<T>, &'a mut BTreeMap<usize, T>);
+
+impl EnvLimits {
+    /// Reads a limit set for every device (`bare`) or for one (`<prefix><i>`)
+    /// into the fields `fields` picks; 0 clears it. False when `name` is
+    /// neither, so the caller tries the other variables.
+    fn set_limit<T: Default + PartialEq>(
+        &mut self,
+        (name, value): (&str, &str),
+        (bare, prefix): (&str, &str),
+        parse: fn(&str) -> Result<T, String>,
+        fields: fn(&mut EnvLimits) -> LimitFields<'_, T>,
+    ) -> Result<bool, EnvLimitsError> {
+        let device = if name == bare {
+            None
+        } else if let Some(index) = name.strip_prefix(prefix) {
+            self.present = true;
+            match env_index(name, index, value, &mut self.warnings)? {
+                Some(index) => Some(index),
+                None => return Ok(true),
+            }
+        } else {
+            return Ok(false);
+        };
+        self.present = true;
+        let limit = parse(value).map_err(|m| EnvLimitsError::new(name, value, m))?;
+        let (every_device, by_device) = fields(self);
+        match device {
+            None => *every_device = nonzero(limit),
+            Some(index) if limit == T::default() => {
+                by_device.remove(&index);
+            }
+            Some(index) => {
+                by_device.insert(index, limit);
+            }
+        }
+        Ok(true)
     }
 }
 

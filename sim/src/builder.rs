@@ -196,37 +196,25 @@ fn lay_out(
         1,
         GPU_NODE_MODE,
     )?;
-    node(
-        caps::cap_node_path(root, caps::CONFIG_MINOR),
-        opts.caps_major,
-        caps::CONFIG_MINOR,
-        CAP_CONFIG_MODE,
-    )?;
-    node(
-        caps::cap_node_path(root, caps::MONITOR_MINOR),
-        opts.caps_major,
-        caps::MONITOR_MINOR,
-        CAP_ACCESS_MODE,
-    )?;
+    let mut cap_node = |minor: u32, mode: u32| {
+        node(
+            caps::cap_node_path(root, minor),
+            opts.caps_major,
+            minor,
+            mode,
+        )
+    };
+    cap_node(caps::CONFIG_MINOR, CAP_CONFIG_MODE)?;
+    cap_node(caps::MONITOR_MINOR, CAP_ACCESS_MODE)?;
     for gpu in &state.gpus {
         for gi in &gpu.gpu_instances {
             let minor = caps::gi_access_minor(gpu.minor, gi.id)
                 .ok_or_else(|| table_error(root, gpu.minor, gi.id, None))?;
-            node(
-                caps::cap_node_path(root, minor),
-                opts.caps_major,
-                minor,
-                CAP_ACCESS_MODE,
-            )?;
+            cap_node(minor, CAP_ACCESS_MODE)?;
             for ci in &gi.compute_instances {
                 let minor = caps::ci_access_minor(gpu.minor, gi.id, ci.id)
                     .ok_or_else(|| table_error(root, gpu.minor, gi.id, Some(ci.id)))?;
-                node(
-                    caps::cap_node_path(root, minor),
-                    opts.caps_major,
-                    minor,
-                    CAP_ACCESS_MODE,
-                )?;
+                cap_node(minor, CAP_ACCESS_MODE)?;
             }
         }
     }

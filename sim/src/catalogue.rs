@@ -3,5 +3,5 @@
 //! apply it (overlap, GI ids) are written in [`crate::mig`].
 
 pub(crate) use tessera_model::mig::catalogue::{
-    GiProfileSpec, GpuModelSpec, MigSpec, find, models,
+    GiProfileSpec, GpuModelSpec, MigSpec, find, models, whole_ci_profile,
 };

@@ -7,6 +7,9 @@
 //! process that plays a part of the node, in particular the NVML stand-in
 //! (`tessera-sim-nvml`), which applies the simulated driver's rules from
 //! [`mig`] to it.
+//! [`timeline`] reads the device timelines the CUDA stand-in
+//! (`tessera-sim-cuda`) shares between processes: the device time each
+//! process's kernels took, for judges that must not trust NVML's figure.
 //!
 //! The crate depends on `tessera-model` (for the MIG catalogue) and on nothing
 //! of `tessera-driver`: a stand-in that shared code with what it stands in for
@@ -15,6 +18,7 @@
 pub mod builder;
 pub mod caps;
 mod catalogue;
+pub mod clock;
 pub mod devnode;
 pub mod error;
 pub mod ids;
@@ -23,6 +27,7 @@ pub mod mig;
 pub mod profile;
 pub mod report;
 pub mod state;
+pub mod timeline;
 
 pub use error::SimError;
 

@@ -18,6 +18,10 @@ use std::path::{Path, PathBuf};
 /// Environment variable naming the node root explicitly.
 pub const ROOT_ENV: &str = "TESSERA_SIM_ROOT";
 
+/// Environment variable that makes a stand-in explain itself on stderr (the
+/// node it serves, and why a state file could not be read).
+pub const DEBUG_ENV: &str = "TESSERA_SIM_DEBUG";
+
 /// Library directories, relative to a root, that a stand-in may be installed
 /// in; longest first, so `<root>/usr/lib/x86_64-linux-gnu` is not read as
 /// `<root>/usr` + `lib/x86_64-linux-gnu`.

@@ -118,21 +118,6 @@ pub fn gpu_instance_id(axis_len: u32, start: u32, size: u32) -> Option<u32> {
     (id < TREE_GI_IDS).then_some(id)
 }
 
-/// The CI profile id of the compute instance that spans a GI with
-/// `compute_slices` compute slices.
-pub fn full_ci_profile_id(compute_slices: u32) -> Option<u32> {
-    match compute_slices {
-        1 => Some(0),
-        2 => Some(1),
-        3 => Some(2),
-        4 => Some(3),
-        7 => Some(4),
-        8 => Some(5),
-        6 => Some(6),
-        _ => None,
-    }
-}
-
 fn overlaps(a_start: u32, a_size: u32, b_start: u32, b_size: u32) -> bool {
     a_start < b_start + b_size && b_start < a_start + a_size
 }
@@ -299,7 +284,7 @@ pub fn create_compute_instance(
             SimError::NotFound(format!("GPU {gpu_index}: no GPU instance with id {gi_id}"))
         })?;
     let profile = profile_spec(gpu, gi.profile_id)?;
-    let ci_profile = full_ci_profile_id(profile.compute_slices).ok_or_else(|| {
+    let ci_profile = catalogue::whole_ci_profile(profile.compute_slices).ok_or_else(|| {
         SimError::InvalidArgument(format!(
             "profile {}: no compute instance profile spans {} compute slices",
             profile.name, profile.compute_slices

@@ -99,3 +99,26 @@ pub fn build_summary(profile: &NodeProfile, built: &BuiltNode) -> String {
     );
     out
 }
+/// A command-line error of one of the simulator's binaries as one line:
+/// clap's message without its usage block, whitespace folded, pointing at
+/// `<program> --help`.
+pub fn usage_error_line(program: &str, clap_message: &str) -> String {
+    let message = clap_message.split("Usage:").next().unwrap_or_default();
+    let message = message.strip_prefix("error:").unwrap_or(message);
+    let message = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    format!("{program}: {message} (see {program} --help)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_errors_fold_to_one_line() {
+        let clap = "error: unexpected argument '--x' found\n\n  tip: use '--'\n\nUsage: tessera-sim show\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            usage_error_line("tessera-sim", clap),
+            "tessera-sim: unexpected argument '--x' found tip: use '--' (see tessera-sim --help)"
+        );
+    }
+}

@@ -10,6 +10,7 @@ use tessera_sim::builder::{BuildOptions, build_node};
 use tessera_sim::caps;
 use tessera_sim::profile::{NodeProfile, shipped_profiles};
 use tessera_sim::state::StateStore;
+use tessera_test_support::{Need, require};
 
 fn assert_char(path: &Path, major: u32, minor: u32, mode: u32) {
     let m = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -35,9 +36,7 @@ fn assert_char(path: &Path, major: u32, minor: u32, mode: u32) {
 
 #[test]
 fn every_shipped_profile_builds_with_the_right_device_nodes() {
-    if !common::can_mknod("every_shipped_profile_builds_with_the_right_device_nodes") {
-        return;
-    }
+    require!(Need::DeviceNodes);
     for (name, _) in shipped_profiles() {
         let profile = NodeProfile::load(name).unwrap();
         let (_tmp, built) = common::build(&profile);
@@ -89,9 +88,7 @@ fn every_shipped_profile_builds_with_the_right_device_nodes() {
 
 #[test]
 fn demo_node_makes_exactly_its_device_nodes() {
-    if !common::can_mknod("demo_node_makes_exactly_its_device_nodes") {
-        return;
-    }
+    require!(Need::DeviceNodes);
     let (_tmp, built) = common::build(&NodeProfile::load("demo").unwrap());
     let mut caps: Vec<String> = fs::read_dir(built.root.join("dev/nvidia-caps"))
         .unwrap()
@@ -117,9 +114,7 @@ fn demo_node_makes_exactly_its_device_nodes() {
 
 #[test]
 fn mig_minors_has_the_full_table_and_parses() {
-    if !common::can_mknod("mig_minors_has_the_full_table_and_parses") {
-        return;
-    }
+    require!(Need::DeviceNodes);
     let (_tmp, built) = common::build(&NodeProfile::load("h100-80gb").unwrap());
     let text = fs::read_to_string(built.root.join("proc/driver/nvidia-caps/mig-minors")).unwrap();
     let mut seen = std::collections::BTreeMap::new();
@@ -158,9 +153,7 @@ fn mig_minors_has_the_full_table_and_parses() {
 
 #[test]
 fn proc_devices_names_the_nvidia_majors() {
-    if !common::can_mknod("proc_devices_names_the_nvidia_majors") {
-        return;
-    }
+    require!(Need::DeviceNodes);
     let (_tmp, built) = common::build(&NodeProfile::load("h100-80gb").unwrap());
     let text = fs::read_to_string(built.root.join("proc/devices")).unwrap();
     assert!(text.starts_with("Character devices:\n"), "{text}");
@@ -176,9 +169,7 @@ fn proc_devices_names_the_nvidia_majors() {
 
 #[test]
 fn non_empty_root_is_refused_without_force_and_force_keeps_foreign_files() {
-    if !common::can_mknod("non_empty_root_is_refused_without_force_and_force_keeps_foreign_files") {
-        return;
-    }
+    require!(Need::DeviceNodes);
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
     let opts = common::fake_libs(tmp.path());
@@ -257,9 +248,7 @@ fn missing_cuda_library_says_how_to_get_one() {
 
 #[test]
 fn the_cuda_stand_in_is_installed_as_libcuda_and_util_dir_is_open_to_all() {
-    if !common::can_mknod("the_cuda_stand_in_is_installed_as_libcuda_and_util_dir_is_open_to_all") {
-        return;
-    }
+    require!(Need::DeviceNodes);
     let (tmp, built) = common::build(&NodeProfile::load("demo").unwrap());
     let lib = built.root.join("usr/lib/x86_64-linux-gnu/libcuda.so.1");
     assert_eq!(built.cuda_library, lib);
@@ -279,9 +268,7 @@ fn the_cuda_stand_in_is_installed_as_libcuda_and_util_dir_is_open_to_all() {
 
 #[test]
 fn ensure_cap_nodes_adds_nodes_for_a_new_instance() {
-    if !common::can_mknod("ensure_cap_nodes_adds_nodes_for_a_new_instance") {
-        return;
-    }
+    require!(Need::DeviceNodes);
     let (_tmp, built) = common::build(&NodeProfile::load("b200").unwrap());
     let (gi, ci) = caps::ensure_cap_nodes(&built.root, 0, 1, 0).unwrap();
     assert_char(&gi, 508, 12, 0o444);

@@ -4,6 +4,8 @@ mod common;
 
 use std::process::Command;
 
+use tessera_test_support::{Need, require};
+
 fn sim() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tessera-sim"))
 }
@@ -88,9 +90,7 @@ fn show_without_a_node_exits_1() {
 
 #[test]
 fn create_then_show() {
-    if !common::can_mknod("create_then_show") {
-        return;
-    }
+    require!(Need::DeviceNodes);
     let tmp = tempfile::tempdir().unwrap();
     let nvml = common::fake_nvml(tmp.path());
     let cuda = common::fake_cuda(tmp.path());

@@ -6,20 +6,22 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Read;
-use std::os::unix::fs::{PermissionsExt, symlink};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, bail};
 use tessera_model::alloc::ALLOC_ID_ENV;
 use tessera_model::cdi::transient::{BIND_STAGE, BIND_VERB, UNBIND_STAGE};
 use tessera_model::cdi::{ALLOC_KIND, ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
 
-use crate::node::{ExpectedNode, NodeView};
-use crate::oci::{Bundle, HookEntry};
-use crate::{artefact, busybox_rootfs, create_node, run, target_dir};
+use tessera_test_support::node::{ExpectedNode, NodeView, SimNode};
+use tessera_test_support::oci::{Bundle, HookEntry};
+use tessera_test_support::rootfs::busybox_rootfs;
+pub use tessera_test_support::rootfs::{SCRATCH_BASE, scratch_dir};
+use tessera_test_support::{Need, artefact, run};
+pub use tessera_test_support::{hook_binary, podman::podman_with_hooks};
 
 /// The alloc id the tests give their containers.
 pub const ALLOC_ID: &str = "pod-1234-0";
@@ -36,88 +38,6 @@ pub const LIBRARY_IN_CONTAINER: &str = "/usr/local/tessera/libtessera_vgpu.so";
 pub const PRELOAD_IN_CONTAINER: &str = "/etc/ld.so.preload";
 /// The limits file in the container.
 pub const LIMITS_IN_CONTAINER: &str = "/usr/local/tessera/vgpu.json";
-
-/// Root-owned, not world-writable base of every scratch directory: the hook
-/// refuses specs in directories others can write, and `/tmp` is one.
-pub const SCRATCH_BASE: &str = "/var/lib/tessera-e2e";
-
-/// The statically linked hook, as `scripts/build-hook.sh` builds it
-/// (`target/x86_64-unknown-linux-gnu/<profile>/tessera-hook`), or
-/// `$TESSERA_HOOK_BIN`. Panics with the build command if it is missing.
-pub fn hook_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("TESSERA_HOOK_BIN") {
-        return PathBuf::from(path);
-    }
-    let profile_dir = target_dir();
-    let profile = profile_dir
-        .file_name()
-        .expect("profile directory name")
-        .to_owned();
-    let path = profile_dir
-        .parent()
-        .expect("target directory")
-        .join("x86_64-unknown-linux-gnu")
-        .join(profile)
-        .join("tessera-hook");
-    assert!(
-        path.exists(),
-        "{} is missing: build the static hook first (scripts/build-hook.sh, or \
-         hook/scripts/build-static.sh debug)",
-        path.display()
-    );
-    path
-}
-
-/// Whether an ELF executable has no program interpreter (`PT_INTERP`): a
-/// static or static-pie binary, which an `LD_PRELOAD` cannot reach.
-pub fn is_static_elf(path: &Path) -> Result<bool> {
-    let mut bytes = Vec::new();
-    fs::File::open(path)?
-        .take(1 << 20)
-        .read_to_end(&mut bytes)?;
-    ensure!(
-        bytes.len() > 64 && bytes[..4] == *b"\x7fELF" && bytes[4] == 2,
-        "{} is not a 64-bit ELF file",
-        path.display()
-    );
-    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]);
-    let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
-    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
-    let phoff = u64_at(0x20) as usize;
-    let phentsize = usize::from(u16_at(0x36));
-    let phnum = usize::from(u16_at(0x38));
-    ensure!(
-        phoff + phentsize * phnum <= bytes.len(),
-        "{}: program headers past the first MiB",
-        path.display()
-    );
-    const PT_INTERP: u32 = 3;
-    Ok((0..phnum).all(|i| u32_at(phoff + i * phentsize) != PT_INTERP))
-}
-
-/// A fresh scratch directory under [`SCRATCH_BASE`] (mode 0700, root's),
-/// removed on drop.
-pub fn scratch_dir(tag: &str) -> Result<tempfile::TempDir> {
-    fs::create_dir_all(SCRATCH_BASE)?;
-    fs::set_permissions(SCRATCH_BASE, fs::Permissions::from_mode(0o755))?;
-    Ok(tempfile::Builder::new()
-        .prefix(&format!("{tag}-"))
-        .tempdir_in(SCRATCH_BASE)?)
-}
-
-/// A busybox rootfs with the applets the hook tests' scripts use.
-pub fn hook_rootfs(bundle_dir: &Path) -> Result<PathBuf> {
-    let rootfs = busybox_rootfs(bundle_dir)?;
-    for applet in [
-        "grep", "sed", "tr", "sleep", "test", "xargs", "wc", "mkdir", "true",
-    ] {
-        let link = rootfs.join("bin").join(applet);
-        if !link.exists() {
-            symlink("busybox", link)?;
-        }
-    }
-    Ok(rootfs)
-}
 
 /// Everything a hook test needs on the host side: a simulated node, the CDI
 /// directory with the static spec and one transient spec, the hook's state
@@ -151,7 +71,11 @@ impl HookFixture {
     pub fn new(tag: &str) -> Result<Self> {
         let dir = scratch_dir(tag)?;
         let node_root = dir.path().join("node");
-        create_node("demo", &node_root)?;
+        // The caller has required the prerequisites; a skip here is a broken setup.
+        SimNode::profile("demo")
+            .at(&node_root)
+            .build()
+            .map_err(|skip| anyhow::anyhow!("simulated node: {}", skip.reason))?;
         let node = NodeView::read(&node_root)?;
         let cdi_dir = dir.path().join("cdi");
         let state_dir = dir.path().join("state");
@@ -245,18 +169,14 @@ impl HookFixture {
             .granted
             .iter()
             .map(|n| DeviceNode {
-                path: n.path.clone(),
                 host_path: Some(
                     self.node_root
                         .join(n.path.trim_start_matches('/'))
                         .display()
                         .to_string(),
                 ),
-                node_type: Some("c".to_owned()),
-                major: Some(i64::from(n.major)),
-                minor: Some(i64::from(n.minor)),
                 permissions: Some("rw".to_owned()),
-                ..DeviceNode::default()
+                ..DeviceNode::char(n.path.clone(), n.major, n.minor)
             })
             .collect();
         let mounts = self
@@ -347,7 +267,7 @@ impl HookFixture {
         };
         let dir = self.dir.path().join(format!("bundle-{n}"));
         fs::create_dir_all(&dir)?;
-        hook_rootfs(&dir)?;
+        busybox_rootfs(&dir)?;
         Bundle::new(&dir, script)
     }
 
@@ -550,40 +470,6 @@ pub fn evil_library() -> Result<PathBuf> {
     )
 }
 
-/// A `podman run` of `script` in `rootfs` with the hooks in `hooks_dir`,
-/// `annotations` and `extra` options, with the settings these machines need
-/// (see [`crate::podman`]).
-pub fn podman_with_hooks(
-    runtime: &str,
-    hooks_dir: &Path,
-    annotations: &[(&str, &str)],
-    extra: &[&std::ffi::OsStr],
-    rootfs: &Path,
-    script: &str,
-) -> Command {
-    let mut cmd = Command::new("podman");
-    cmd.arg("--hooks-dir").arg(hooks_dir).args([
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        "--runtime",
-        runtime,
-        "--ulimit",
-        "nofile=4096:4096",
-        "--ulimit",
-        "nproc=4096:4096",
-    ]);
-    for (key, value) in annotations {
-        cmd.arg("--annotation").arg(format!("{key}={value}"));
-    }
-    cmd.args(extra);
-    cmd.arg("--rootfs")
-        .arg(rootfs)
-        .args(["/bin/sh", "-c", script]);
-    cmd
-}
-
 impl HookFixture {
     /// What is wrong with a GPU container's [`probe_script`] output, one line
     /// each: its NVIDIA nodes must be exactly the granted ones with the node's
@@ -595,7 +481,7 @@ impl HookFixture {
             problems.push("the probe did not finish".to_owned());
         }
         let stat = tagged(output, "NODE").join("\n");
-        match crate::node::parse_stat_lines(&stat) {
+        match tessera_test_support::node::parse_stat_lines(&stat) {
             Ok(seen) => {
                 if seen != self.granted {
                     problems.push(format!(
@@ -694,4 +580,19 @@ impl HookFixture {
             }
         }
     }
+}
+
+/// What an end-to-end test needs besides `programs`: root, a simulated node
+/// (device nodes, the stand-ins), `tessera-cdi` and busybox — for
+/// [`tessera_test_support::require`].
+pub fn needs(programs: &[&'static str]) -> Vec<Need> {
+    let mut needs = vec![
+        Need::Root,
+        Need::DeviceNodes,
+        Need::Built("tessera-cdi"),
+        Need::Program("busybox"),
+    ];
+    needs.extend(SimNode::profile("demo").needs());
+    needs.extend(programs.iter().map(|p| Need::Program(p)));
+    needs
 }

@@ -9,6 +9,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+pub use tessera_test_support::rootfs::{host_mount_points, mounts_under};
 
 /// A string planted in every sentinel file: if a container output shows it, the
 /// container read a host file it was never given.
@@ -292,6 +293,10 @@ impl HostRootView {
                 Entry::Symlink { .. } | Entry::Special { .. } | Entry::File { .. } => {
                     fs::remove_file(&path).is_ok()
                 }
+                // A naive hook makes `nvidia-caps/` with nodes in it.
+                Entry::Dir { .. } if name.starts_with("nvidia") => {
+                    fs::remove_dir_all(&path).is_ok()
+                }
                 Entry::Dir { .. } => fs::remove_dir(&path).is_ok(),
             };
             if ok {
@@ -337,23 +342,4 @@ fn entry_of_shallow(path: &Path) -> Result<Entry> {
         });
     }
     entry_of(path)
-}
-
-/// The mount points of this process's mount namespace (the host's).
-pub fn host_mount_points() -> Result<BTreeSet<String>> {
-    let text = fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(text
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
-        .collect())
-}
-
-/// Host mount points at or under `dir`: a hook that mounted through a rootfs
-/// symlink into the host's namespace leaves one there.
-pub fn mounts_under(dir: &Path) -> Result<Vec<String>> {
-    let dir = dir.display().to_string();
-    Ok(host_mount_points()?
-        .into_iter()
-        .filter(|m| m == &dir || m.starts_with(&format!("{dir}/")))
-        .collect())
 }

@@ -14,8 +14,9 @@ use std::process::Command;
 use container_device_interface::cache::new_cache;
 use container_device_interface::spec::read_spec;
 use container_device_interface::spec_dirs::with_spec_dirs;
-use tessera_e2e::{artefact, create_node, run};
 use tessera_model::cdi::Spec;
+use tessera_test_support::node::SimNode;
+use tessera_test_support::{Need, artefact, require, run};
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../cdi-gen/tests/golden")
@@ -90,13 +91,17 @@ fn golden_specs_load_in_the_rust_cdi_crate() {
 
 #[test]
 fn freshly_generated_spec_loads_in_the_rust_cdi_crate() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("node");
-    create_node("mig-mixed", &root).unwrap();
-    let out = dir.path().join("tessera.io-gpu.json");
+    let Ok(()) = require(&[Need::Built("tessera-cdi")]) else {
+        return;
+    };
+    let Ok(node) = SimNode::profile("mig-mixed").build() else {
+        return;
+    };
+    let (dir, root) = (node.dir(), node.root());
+    let out = dir.join("tessera.io-gpu.json");
     run(Command::new(artefact("tessera-cdi"))
         .args(["generate", "--driver-root"])
-        .arg(&root)
+        .arg(root)
         .arg("--output")
         .arg(&out))
     .unwrap();

@@ -28,11 +28,14 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use serde_json::Value;
-use tessera_e2e::containerd::{self, ContainerSpec, Containerd, Options, PidMode, write_json};
 use tessera_e2e::hookenv::{
     ALLOC_ANNOTATION, HookFixture, hook_binary, host_cgroups, probe_script,
 };
 use tessera_e2e::sentinel::{self, HostRootView, host_mount_points, mounts_under};
+use tessera_test_support::containerd::{
+    self, ContainerSpec, Containerd, Options, PidMode, write_json,
+};
+use tessera_test_support::require;
 
 /// One containerd at a time in this binary: the legacy cases compare the host's
 /// mount table before and after, which another pod would disturb, and the
@@ -65,10 +68,9 @@ struct Env {
 }
 
 fn setup(route: Route, mode: PidMode) -> Option<Env> {
-    if let Some(why) = containerd::prerequisites() {
-        eprintln!("SKIPPED: containerd CRI end-to-end test: {why}");
-        return None;
-    }
+    let mut needs = tessera_e2e::hookenv::needs(&[]);
+    needs.extend(containerd::needs());
+    require(&needs).ok()?;
     let fx =
         HookFixture::new(&format!("cri-{}-{}", route.tag(), mode_tag(mode))).expect("hook fixture");
     let options = match route {
@@ -494,32 +496,21 @@ fn check(route: Route, mode: PidMode) {
     }
 }
 
-#[test]
-fn cdi_own_pid_namespace_binds_the_host_pid_and_gives_exactly_the_allocation() {
-    check(Route::Cdi, PidMode::Container);
+/// One test per route and pid namespace mode, each named for what it pins.
+macro_rules! route_and_mode_tests {
+    ($($name:ident: $route:ident, $mode:ident;)+) => {$(
+        #[test]
+        fn $name() {
+            check(Route::$route, PidMode::$mode);
+        }
+    )+};
 }
 
-#[test]
-fn cdi_shared_pod_pid_namespace_binds_the_host_pid_and_gives_exactly_the_allocation() {
-    check(Route::Cdi, PidMode::Pod);
-}
-
-#[test]
-fn cdi_host_pid_namespace_binds_the_host_pid_and_gives_exactly_the_allocation() {
-    check(Route::Cdi, PidMode::Node);
-}
-
-#[test]
-fn legacy_base_spec_own_pid_namespace_injects_binds_and_leaves_the_host_alone() {
-    check(Route::Legacy, PidMode::Container);
-}
-
-#[test]
-fn legacy_base_spec_shared_pod_pid_namespace_injects_binds_and_leaves_the_host_alone() {
-    check(Route::Legacy, PidMode::Pod);
-}
-
-#[test]
-fn legacy_base_spec_host_pid_namespace_injects_binds_and_leaves_the_host_alone() {
-    check(Route::Legacy, PidMode::Node);
+route_and_mode_tests! {
+    cdi_own_pid_namespace_binds_the_host_pid_and_gives_exactly_the_allocation: Cdi, Container;
+    cdi_shared_pod_pid_namespace_binds_the_host_pid_and_gives_exactly_the_allocation: Cdi, Pod;
+    cdi_host_pid_namespace_binds_the_host_pid_and_gives_exactly_the_allocation: Cdi, Node;
+    legacy_base_spec_own_pid_namespace_injects_binds_and_leaves_the_host_alone: Legacy, Container;
+    legacy_base_spec_shared_pod_pid_namespace_injects_binds_and_leaves_the_host_alone: Legacy, Pod;
+    legacy_base_spec_host_pid_namespace_injects_binds_and_leaves_the_host_alone: Legacy, Node;
 }

@@ -6,23 +6,35 @@
 //! asserts that after the container's life the host is as it was and the
 //! container read nothing of the sentinel. runc and crun themselves follow a
 //! rootfs `/dev` symlink (they create their `/dev/stdin`-style links and device
-//! nodes there), so every case is run twice: once with a static no-op hook in
-//! the hook's place, once with `tessera-hook`; the hook is blamed only for what
-//! the second run changes beyond the first.
+//! nodes there), so every case is run twice: once with static no-op hooks in
+//! the hook's place, once with the hook; the hook is blamed only for what the
+//! second run changes beyond the first.
+//!
+//! A check that nothing happened means something only if the hook ran, so
+//! every case first asks for the hook's trace in that container
+//! ([`tessera_e2e::hooktrace`]): its binding record naming the container, or
+//! its own refusal line naming the hostile path. A case the runtime refuses by
+//! itself before any hook runs is not applicable for that runtime, and only
+//! if the refusal reads as [`RUNTIME_REFUSALS`] says; anything else without a
+//! trace fails. Each runtime must have cases where the hook ran.
+//!
+//! The test of the tests: the same checks with a naive hook in the hook's
+//! place (one that follows the image's symlinks) must report it.
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use tessera_e2e::hookenv;
 use tessera_e2e::hookenv::{ALLOC_ANNOTATION, ALLOC_ID, HookFixture, static_noop};
-use tessera_e2e::oci::{Bundle, HookEntry, Runtime, run_bundle};
-use tessera_e2e::prerequisites;
+use tessera_e2e::hooktrace::{HookUnderTest, Probe, Trace};
 use tessera_e2e::sentinel::{HostRootView, TOKEN, changes, mounts_under, plant, snapshot};
+use tessera_test_support::oci::{Bundle, HookEntry, Runtime, run_bundle_as};
+use tessera_test_support::require;
 
 const STAGES: [&str; 2] = ["prestart", "createContainer"];
 
@@ -106,9 +118,51 @@ const HOST_ROOT_CASES: [Case; 3] = [
     },
 ];
 
+/// A rootfs a runtime refuses by itself, before any hook runs: the case is
+/// not applicable to that runtime, provided its error still says all of `says`
+/// (so a change of the runtime's behaviour is noticed, not taken as a pass).
+struct RuntimeRefusal {
+    runtime: Runtime,
+    /// The case's symlink.
+    link: &'static str,
+    /// Whether the symlink points at the host's `/` (else at the sentinel).
+    host_root: bool,
+    /// Fragments the runtime's error must contain.
+    says: &'static [&'static str],
+}
+
+const RUNTIME_REFUSALS: [RuntimeRefusal; 2] = [
+    // crun 1.8.1 opens the rootfs `/dev` with openat2(RESOLVE_IN_ROOT): the
+    // absolute symlink resolves inside the rootfs, where it does not exist.
+    RuntimeRefusal {
+        runtime: Runtime::Crun,
+        link: "dev",
+        host_root: false,
+        says: &["openat2 `dev`: No such file or directory"],
+    },
+    // runc 1.1.5 mounts its tmpfs on `/dev` through the symlink, then cannot
+    // reopen the target inside the rootfs.
+    RuntimeRefusal {
+        runtime: Runtime::Runc,
+        link: "dev",
+        host_root: true,
+        says: &[
+            "error mounting \\\"tmpfs\\\" to rootfs at \\\"/dev\\\"",
+            "no such file or directory",
+        ],
+    },
+];
+
+fn expected_refusal(runtime: Runtime, case: Case) -> Option<&'static RuntimeRefusal> {
+    RUNTIME_REFUSALS.iter().find(|r| {
+        r.runtime == runtime
+            && r.link == case.link
+            && r.host_root == matches!(case.target, Target::HostRoot)
+    })
+}
+
 fn fixture(tag: &str) -> Option<HookFixture> {
-    if let Some(why) = prerequisites(&["runc", "crun", "cc"]) {
-        eprintln!("SKIPPED: tessera-hook hostile-rootfs test: {why}");
+    if require(&hookenv::needs(&["runc", "crun", "cc"])).is_err() {
         return None;
     }
     Some(HookFixture::new(tag).expect("hook fixture"))
@@ -159,9 +213,21 @@ struct CaseRun {
     /// The container saw sentinel content.
     leaked: Option<String>,
     create_error: Option<String>,
+    /// What the hook under test left about this container.
+    trace: Option<Trace>,
 }
 
-fn hooks_for(fx: &HookFixture, bundle: &mut Bundle, stage: &str, marker: &Path, with_hook: bool) {
+/// Registers the hooks of a run: a static no-op that marks the stage as
+/// reached, then at `stage` the hook under test (or a no-op) followed by the
+/// binding witness, and the hook's poststop (or a no-op).
+fn install_hooks(
+    fx: &HookFixture,
+    bundle: &mut Bundle,
+    stage: &str,
+    marker: &Path,
+    hook: Option<HookUnderTest>,
+    probe: &Probe,
+) {
     let noop = static_noop().expect("static no-op");
     let reached = HookEntry {
         path: noop.clone(),
@@ -174,14 +240,19 @@ fn hooks_for(fx: &HookFixture, bundle: &mut Bundle, stage: &str, marker: &Path, 
         env: Some(vec![]),
     };
     bundle.annotate(ALLOC_ANNOTATION, ALLOC_ID);
+    probe.annotate(bundle);
     bundle.hook(stage, &reached);
-    if with_hook {
-        bundle
-            .hook(stage, &fx.hook_entry("prestart"))
-            .hook("poststop", &fx.hook_entry("poststop"));
-    } else {
-        bundle.hook(stage, &plain).hook("poststop", &plain);
-    }
+    let (at_stage, at_poststop) = match hook {
+        Some(hook) => (
+            hook.entry(fx, "prestart").expect("hook entry"),
+            hook.entry(fx, "poststop").expect("hook entry"),
+        ),
+        None => (plain.clone(), plain),
+    };
+    bundle
+        .hook(stage, &at_stage)
+        .hook(stage, &probe.witness_entry().expect("witness"))
+        .hook("poststop", &at_poststop);
 }
 
 fn run_case(
@@ -189,7 +260,7 @@ fn run_case(
     runtime: Runtime,
     stage: &str,
     case: Case,
-    with_hook: bool,
+    hook: Option<HookUnderTest>,
 ) -> CaseRun {
     let n = next_n();
     let sentinel = fx.dir().join(format!("sentinel-{n}"));
@@ -197,13 +268,15 @@ fn run_case(
     let mut bundle = fx.bundle(SCRIPT).expect("bundle");
     make_hostile(&bundle.rootfs(), case, &sentinel);
     let marker = fx.dir().join(format!("reached-{n}"));
-    hooks_for(fx, &mut bundle, stage, &marker, with_hook);
+    let probe = Probe::new(fx, fx.dir(), &format!("hostile-{n}"));
+    install_hooks(fx, &mut bundle, stage, &marker, hook, &probe);
 
     let host_before = matches!(case.target, Target::HostRoot)
         .then(|| HostRootView::read().expect("host root view"));
     let before = snapshot(&sentinel).expect("snapshot");
-    let outcome = run_bundle(runtime, &bundle, "hostile").expect("run");
+    let outcome = run_bundle_as(runtime, &bundle, probe.container_id()).expect("run");
     let after = snapshot(&sentinel).expect("snapshot");
+    let trace = probe.trace(runtime, &outcome);
 
     let mounts = mounts_under(&sentinel).expect("mountinfo");
     for m in &mounts {
@@ -236,75 +309,230 @@ fn run_case(
         reached: marker.exists(),
         leaked,
         create_error: outcome.create_error,
+        trace,
     }
 }
 
-/// Runs every case under both runtimes and stages, baseline then hook, and
-/// returns what the hook did beyond the runtime.
-fn check_cases(fx: &HookFixture, cases: &[Case]) -> (Vec<String>, Vec<String>) {
-    let mut failures = Vec::new();
-    let mut notes = Vec::new();
+/// How one case went under one runtime and stage.
+#[derive(Debug)]
+enum Verdict {
+    /// The hook ran (its trace) and the host is as it was.
+    Clean(Trace),
+    /// The runtime refused the rootfs by itself, as expected: its error.
+    NotApplicable(String),
+    /// The hook ran and the host changed or the container read the sentinel.
+    Breach(Vec<String>),
+    /// The case proved nothing: no trace, or not the expected runtime refusal.
+    Broken(String),
+}
+
+struct CaseResult {
+    runtime: Runtime,
+    what: String,
+    verdict: Verdict,
+}
+
+fn last_line(error: Option<&str>) -> String {
+    error
+        .and_then(|e| e.trim_end().lines().last())
+        .unwrap_or("container ran")
+        .to_owned()
+}
+
+/// Runs one case, baseline then hook, and judges it.
+fn check_case(
+    fx: &HookFixture,
+    runtime: Runtime,
+    stage: &str,
+    case: Case,
+    hook: HookUnderTest,
+) -> CaseResult {
+    let what = format!(
+        "{runtime}, {stage}, rootfs {} -> {:?}",
+        case.link, case.target
+    );
+    let base = run_case(fx, runtime, stage, case, None);
+    let hooked = run_case(fx, runtime, stage, case, Some(hook));
+    let error = hooked.create_error.as_deref();
+    let verdict = match (&hooked.trace, expected_refusal(runtime, case)) {
+        (None, Some(refusal))
+            if !hooked.reached
+                && error.is_some_and(|e| refusal.says.iter().all(|s| e.contains(s))) =>
+        {
+            Verdict::NotApplicable(last_line(error))
+        }
+        (None, Some(refusal)) => Verdict::Broken(format!(
+            "the runtime should refuse this rootfs before any hook, saying {:?}; hooks reached: {}, error: {}",
+            refusal.says,
+            hooked.reached,
+            last_line(error)
+        )),
+        (None, None) => Verdict::Broken(format!(
+            "{hook} left no trace (hooks reached: {}): {}",
+            hooked.reached,
+            last_line(error)
+        )),
+        (Some(trace), Some(_)) => Verdict::Broken(format!(
+            "listed in RUNTIME_REFUSALS, yet {hook} ran ({trace}): the runtime changed, update the list"
+        )),
+        (Some(Trace::Refused { line }), None) if !line.contains(&format!(" /{}", case.link)) => {
+            Verdict::Broken(format!(
+                "{hook} refused for another reason than the hostile /{}: {line}",
+                case.link
+            ))
+        }
+        (Some(trace), None) => {
+            let mut findings = Vec::new();
+            let extra: Vec<_> = hooked.sentinel.difference(&base.sentinel).collect();
+            if !extra.is_empty() {
+                findings.push(format!("{hook} changed the host sentinel: {extra:?}"));
+            }
+            let extra_root: Vec<_> = hooked.host_root.difference(&base.host_root).collect();
+            if !extra_root.is_empty() {
+                findings.push(format!("{hook} changed the host's /: {extra_root:?}"));
+            }
+            if !hooked.mounts.is_empty() {
+                findings.push(format!(
+                    "host mounts under the sentinel: {:?}",
+                    hooked.mounts
+                ));
+            }
+            if let Some(line) = &hooked.leaked {
+                findings.push(format!("the container read the sentinel: {line}"));
+            }
+            if findings.is_empty() {
+                Verdict::Clean(trace.clone())
+            } else {
+                findings.push(format!("({trace})"));
+                Verdict::Breach(findings)
+            }
+        }
+    };
+    CaseResult {
+        runtime,
+        what,
+        verdict,
+    }
+}
+
+/// Every case under both runtimes and stages with `hook`.
+fn check_cases(fx: &HookFixture, cases: &[Case], hook: HookUnderTest) -> Vec<CaseResult> {
+    let mut results = Vec::new();
     for case in cases {
         for runtime in Runtime::ALL {
             for stage in STAGES {
-                let what = format!(
-                    "{runtime}, {stage}, rootfs {} -> {:?}",
-                    case.link, case.target
-                );
-                let base = run_case(fx, runtime, stage, *case, false);
-                let hooked = run_case(fx, runtime, stage, *case, true);
-                let extra: Vec<_> = hooked.sentinel.difference(&base.sentinel).collect();
-                if !extra.is_empty() {
-                    failures.push(format!(
-                        "{what}: the hook changed the host sentinel: {extra:?}"
-                    ));
-                }
-                let extra_root: Vec<_> = hooked.host_root.difference(&base.host_root).collect();
-                if !extra_root.is_empty() {
-                    failures.push(format!(
-                        "{what}: the hook changed the host's /: {extra_root:?}"
-                    ));
-                }
-                if !hooked.mounts.is_empty() {
-                    failures.push(format!(
-                        "{what}: host mounts under the sentinel: {:?}",
-                        hooked.mounts
-                    ));
-                }
-                if let Some(line) = &hooked.leaked {
-                    failures.push(format!("{what}: the container read the sentinel: {line}"));
-                }
-                notes.push(format!(
-                    "{what}: runtime alone changed {} sentinel entries{}; hook {}: {}",
-                    base.sentinel.len(),
-                    if base.reached {
-                        ""
-                    } else {
-                        " (hooks never reached)"
-                    },
-                    if hooked.reached {
-                        "reached"
-                    } else {
-                        "never reached"
-                    },
-                    match &hooked.create_error {
-                        None => "container ran".to_owned(),
-                        Some(e) => format!("refused: {}", e.lines().last().unwrap_or_default()),
-                    }
-                ));
+                results.push(check_case(fx, runtime, stage, *case, hook));
             }
         }
     }
-    (failures, notes)
+    results
+}
+
+/// One line per case, then the counts per runtime.
+fn report(results: &[CaseResult]) -> String {
+    let mut lines: Vec<String> = results
+        .iter()
+        .map(|r| match &r.verdict {
+            Verdict::Clean(trace) => format!("{}: hook {trace}; host unchanged", r.what),
+            Verdict::NotApplicable(e) => {
+                format!("{}: NOT APPLICABLE, runtime refused: {e}", r.what)
+            }
+            Verdict::Breach(f) => format!("{}: BREACH: {}", r.what, f.join("; ")),
+            Verdict::Broken(why) => format!("{}: PROVES NOTHING: {why}", r.what),
+        })
+        .collect();
+    for runtime in Runtime::ALL {
+        let count = |f: fn(&Verdict) -> bool| {
+            results
+                .iter()
+                .filter(|r| r.runtime == runtime && f(&r.verdict))
+                .count()
+        };
+        lines.push(format!(
+            "{runtime}: {} clean, {} not applicable, {} breaches, {} proving nothing",
+            count(|v| matches!(v, Verdict::Clean(_))),
+            count(|v| matches!(v, Verdict::NotApplicable(_))),
+            count(|v| matches!(v, Verdict::Breach(_))),
+            count(|v| matches!(v, Verdict::Broken(_))),
+        ));
+    }
+    lines.join("\n")
+}
+
+/// Runs `cases` against tessera-hook, saying how long they took, and asserts
+/// it held: no breach, no case proving nothing, and for each runtime at least
+/// one case where the hook ran.
+fn assert_hook_holds(fx: &HookFixture, cases: &[Case]) {
+    let started = Instant::now();
+    let results = check_cases(fx, cases, HookUnderTest::Tessera);
+    eprintln!("({:?})", started.elapsed());
+    let report = report(&results);
+    eprintln!("{report}");
+    let bad: Vec<&str> = results
+        .iter()
+        .filter(|r| matches!(r.verdict, Verdict::Breach(_) | Verdict::Broken(_)))
+        .map(|r| r.what.as_str())
+        .collect();
+    assert!(bad.is_empty(), "failed: {bad:?}\n{report}");
+    for runtime in Runtime::ALL {
+        assert!(
+            results
+                .iter()
+                .any(|r| r.runtime == runtime && matches!(r.verdict, Verdict::Clean(_))),
+            "{runtime}: no case where the hook ran counts\n{report}"
+        );
+    }
+}
+
+/// The assertion of the test of the tests: no case of the naive hook passes
+/// for want of a trace, and every case where the hook ran reports it, but
+/// those in `shielded` (where what the runtime mounted first may take its
+/// writes); each runtime catches it at least once.
+fn assert_naive_hook_caught(results: &[CaseResult], shielded: &[&str]) {
+    let report = report(results);
+    eprintln!("{report}");
+    let broken: Vec<&str> = results
+        .iter()
+        .filter(|r| matches!(r.verdict, Verdict::Broken(_)))
+        .map(|r| r.what.as_str())
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "cases proving nothing: {broken:?}\n{report}"
+    );
+    let missed: Vec<&str> = results
+        .iter()
+        .filter(|r| matches!(r.verdict, Verdict::Clean(_)))
+        .map(|r| r.what.as_str())
+        .filter(|what| !shielded.iter().any(|s| what.starts_with(s)))
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "cases that let the naive hook through: {missed:?}\n{report}"
+    );
+    for runtime in Runtime::ALL {
+        assert!(
+            results
+                .iter()
+                .any(|r| r.runtime == runtime && matches!(r.verdict, Verdict::Breach(_))),
+            "{runtime}: the checks did not catch the naive hook\n{report}"
+        );
+    }
 }
 
 #[test]
 fn rootfs_symlinks_to_a_host_tree_change_nothing_on_the_host() {
     let Some(fx) = fixture("hostile") else { return };
-    let started = Instant::now();
-    let (failures, notes) = check_cases(&fx, &SENTINEL_CASES);
-    eprintln!("{}\n({:?})", notes.join("\n"), started.elapsed());
-    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    assert_hook_holds(&fx, &SENTINEL_CASES);
+}
+
+#[test]
+fn naive_hook_is_caught_by_hostile_checks() {
+    let Some(fx) = fixture("hostile-naive") else {
+        return;
+    };
+    let results = check_cases(&fx, &SENTINEL_CASES, HookUnderTest::Naive);
+    assert_naive_hook_caught(&results, &[]);
 }
 
 /// Serializes the cases that point at the host's `/` across test processes:
@@ -325,13 +553,20 @@ fn rootfs_symlinks_to_the_host_root_change_nothing_on_the_host() {
     let Some(fx) = fixture("hostile-root") else {
         return;
     };
-    static LOCAL: Mutex<()> = Mutex::new(());
-    let _local = LOCAL.lock().unwrap_or_else(|e| e.into_inner());
     let _lock = host_root_lock();
-    let started = Instant::now();
-    let (failures, notes) = check_cases(&fx, &HOST_ROOT_CASES);
-    eprintln!("{}\n({:?})", notes.join("\n"), started.elapsed());
-    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    assert_hook_holds(&fx, &HOST_ROOT_CASES);
+}
+
+#[test]
+fn naive_hook_is_caught_by_host_root_checks() {
+    let Some(fx) = fixture("hostile-root-naive") else {
+        return;
+    };
+    let _lock = host_root_lock();
+    let results = check_cases(&fx, &HOST_ROOT_CASES, HookUnderTest::Naive);
+    // At createContainer the hook runs in the container's mount namespace,
+    // where crun has already mounted its /dev tmpfs through the symlink on /.
+    assert_naive_hook_caught(&results, &["crun, createContainer, rootfs dev -> HostRoot"]);
 }
 
 /// A thread that swaps `a` and `b` (one a directory, one a symlink to the
@@ -356,16 +591,25 @@ fn flipper(a: PathBuf, b: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHa
     })
 }
 
+/// Reads a number from the environment, else `default`.
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 #[test]
 fn a_symlink_flipped_while_the_hook_runs_changes_nothing_on_the_host() {
     let Some(fx) = fixture("hostile-race") else {
         return;
     };
-    let iterations: usize = std::env::var("TESSERA_E2E_RACE_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
-    let started = Instant::now();
+    // Runs in which a container started with the hook bound, per combination;
+    // most runs end earlier (the hook refuses the symlink it caught), so the
+    // test runs until it has these or its time is up.
+    let min_started = env_number("TESSERA_E2E_RACE_MIN_STARTED", 8);
+    let budget = Duration::from_secs(env_number("TESSERA_E2E_RACE_BUDGET_S", 60));
+    let started_at = Instant::now();
     let mut failures = Vec::new();
     let mut notes = Vec::new();
     for runtime in Runtime::ALL {
@@ -381,20 +625,46 @@ fn a_symlink_flipped_while_the_hook_runs_changes_nothing_on_the_host() {
                 fs::create_dir_all(&benign).expect("benign dir");
                 symlink(&sentinel, &flip).expect("flip symlink");
                 let marker = fx.dir().join(format!("reached-race-{n}"));
-                hooks_for(&fx, &mut bundle, stage, &marker, true);
+                let tag = format!("race-{n}");
+                let mut probe = Probe::new(&fx, fx.dir(), &tag);
+                install_hooks(
+                    &fx,
+                    &mut bundle,
+                    stage,
+                    &marker,
+                    Some(HookUnderTest::Tessera),
+                    &probe,
+                );
                 let before = snapshot(&sentinel).expect("snapshot");
 
                 let stop = Arc::new(AtomicBool::new(false));
                 let thread = flipper(benign.clone(), flip.clone(), stop.clone());
-                let (mut ran, mut refused) = (0, 0);
-                for _ in 0..iterations {
-                    let out = run_bundle(runtime, &bundle, "race").expect("run");
-                    match out.create_error {
-                        None => ran += 1,
-                        Some(_) => refused += 1,
-                    }
+                let deadline = Instant::now() + budget;
+                let (mut runs, mut started, mut hook_refused) = (0, 0, 0);
+                let mut other = Vec::new();
+                while started < min_started && Instant::now() < deadline {
+                    probe.next_run(&tag);
+                    runs += 1;
+                    let out = run_bundle_as(runtime, &bundle, probe.container_id()).expect("run");
+                    let trace = probe.trace(runtime, &out);
                     if let Some(line) = out.output.lines().find(|l| l.contains(TOKEN)) {
                         failures.push(format!("{what}: the container read the sentinel: {line}"));
+                    }
+                    match (&out.create_error, trace) {
+                        (None, Some(Trace::Bound { .. })) => started += 1,
+                        (None, trace) => failures.push(format!(
+                            "{what}: a container ran without the hook's binding ({trace:?})"
+                        )),
+                        (Some(_), Some(Trace::Refused { line }))
+                            if line.contains(&format!(" /{link}")) =>
+                        {
+                            hook_refused += 1;
+                        }
+                        (Some(e), trace) => other.push(format!(
+                            "{} ({})",
+                            last_line(Some(e)),
+                            trace.map_or("no trace".to_owned(), |t| t.to_string())
+                        )),
                     }
                 }
                 stop.store(true, Ordering::Relaxed);
@@ -416,12 +686,22 @@ fn a_symlink_flipped_while_the_hook_runs_changes_nothing_on_the_host() {
                         "{what}: host mounts under the sentinel: {mounts:?}"
                     ));
                 }
+                if started < min_started {
+                    failures.push(format!(
+                        "{what}: only {started} of {runs} runs started a container with the hook bound \
+                         (need {min_started}, TESSERA_E2E_RACE_MIN_STARTED) within {budget:?}"
+                    ));
+                }
+                other.sort();
+                other.dedup();
                 notes.push(format!(
-                    "{what}: {iterations} runs ({ran} ran, {refused} refused), {flips} flips"
+                    "{what}: {runs} runs: {started} started with the hook bound, {hook_refused} refused by the hook \
+                     (symlink caught), {} other ({other:?}); {flips} flips",
+                    runs - started - hook_refused
                 ));
             }
         }
     }
-    eprintln!("{}\n({:?})", notes.join("\n"), started.elapsed());
+    eprintln!("{}\n({:?})", notes.join("\n"), started_at.elapsed());
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }

@@ -7,10 +7,11 @@
 use std::fs;
 use std::time::{Duration, Instant};
 
+use tessera_e2e::hookenv;
 use tessera_e2e::hookenv::{ALLOC_ANNOTATION, ALLOC_ID, HookFixture, probe_script};
-use tessera_e2e::node::parse_stat_lines;
-use tessera_e2e::oci::{Container, Runtime, run_bundle, unique_id};
-use tessera_e2e::prerequisites;
+use tessera_test_support::node::parse_stat_lines;
+use tessera_test_support::oci::{Container, Runtime, run_bundle, unique_id};
+use tessera_test_support::require;
 
 /// The stages a legacy engine may register the hook at: `prestart` (hooks.d),
 /// `createRuntime` (its successor), `createContainer` (CDI specs, containerd
@@ -18,8 +19,7 @@ use tessera_e2e::prerequisites;
 const STAGES: [&str; 3] = ["prestart", "createRuntime", "createContainer"];
 
 fn fixture(tag: &str) -> Option<HookFixture> {
-    if let Some(why) = prerequisites(&["runc", "crun"]) {
-        eprintln!("SKIPPED: tessera-hook end-to-end test: {why}");
+    if require(&hookenv::needs(&["runc", "crun"])).is_err() {
         return None;
     }
     Some(HookFixture::new(tag).expect("hook fixture"))

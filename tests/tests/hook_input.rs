@@ -22,10 +22,11 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tessera_e2e::hookenv;
 use tessera_e2e::hookenv::{ALLOC_ANNOTATION, ALLOC_ID, HookFixture, SCRATCH_BASE, hook_binary};
-use tessera_e2e::oci::Bundle;
-use tessera_e2e::prerequisites;
 use tessera_e2e::sentinel::{changes, snapshot};
+use tessera_test_support::oci::Bundle;
+use tessera_test_support::require;
 
 /// A `sleep` in its own private mount namespace where the bundle's rootfs is
 /// a bind mount with a procfs under it, as runc and crun leave it: the pid the
@@ -77,8 +78,7 @@ struct Setup {
 }
 
 fn setup(tag: &str) -> Option<Setup> {
-    if let Some(why) = prerequisites(&["runc", "unshare"]) {
-        eprintln!("SKIPPED: tessera-hook input test: {why}");
+    if require(&hookenv::needs(&["runc", "unshare"])).is_err() {
         return None;
     }
     let fx = HookFixture::new(tag).expect("fixture");
@@ -92,6 +92,16 @@ fn setup(tag: &str) -> Option<Setup> {
         sleeper: Sleeper::start(&bundle.rootfs()),
         bundle,
     })
+}
+
+/// [`setup`] with the bundle annotated with [`ALLOC_ID`], and the state
+/// naming it.
+fn setup_annotated(tag: &str) -> Option<(Setup, Value)> {
+    let mut s = setup(tag)?;
+    s.bundle.annotate(ALLOC_ANNOTATION, ALLOC_ID);
+    s.bundle.write().expect("config");
+    let input = state(&s, json!({ ALLOC_ANNOTATION: ALLOC_ID }));
+    Some((s, input))
 }
 
 /// An OCI state as runc writes it for a created container.
@@ -218,13 +228,10 @@ fn set_config_env(s: &mut Setup, entry: Option<&str>) {
 fn a_valid_allocation_binds_which_the_snapshot_sees() {
     // Positive control for the "nothing changed" checks below: the same
     // harness with a good alloc id and spec sees the hook's binding record.
-    let Some(mut s) = setup("input-control") else {
+    let Some((s, input)) = setup_annotated("input-control") else {
         return;
     };
-    s.bundle.annotate(ALLOC_ANNOTATION, ALLOC_ID);
-    s.bundle.write().expect("config");
     let before = snapshot(s.fx.dir()).expect("snapshot");
-    let input = state(&s, json!({ ALLOC_ANNOTATION: ALLOC_ID }));
     let (status, stderr) = run_hook(&s.fx.hook_args("prestart"), input.to_string().into_bytes());
     assert!(status.success(), "valid allocation refused: {stderr}");
     let changed = changes(&before, &snapshot(s.fx.dir()).expect("snapshot"));
@@ -318,14 +325,10 @@ fn bad_alloc_ids_are_refused_without_touching_anything() {
 
 #[test]
 fn untrusted_transient_specs_are_refused() {
-    let Some(mut s) = setup("input-spec") else {
+    let Some((s, input)) = setup_annotated("input-spec") else {
         return;
     };
-    s.bundle.annotate(ALLOC_ANNOTATION, ALLOC_ID);
-    s.bundle.write().expect("config");
-    let input = state(&s, json!({ ALLOC_ANNOTATION: ALLOC_ID }))
-        .to_string()
-        .into_bytes();
+    let input = input.to_string().into_bytes();
     let path = s.fx.transient_spec_path(ALLOC_ID);
     let good = fs::read(&path).expect("spec");
     let cdi = s.fx.cdi_dir.clone();
@@ -417,13 +420,10 @@ fn untrusted_transient_specs_are_refused() {
 
 #[test]
 fn bad_state_on_stdin_is_refused_with_one_line() {
-    let Some(mut s) = setup("input-stdin") else {
+    let Some((s, mut huge)) = setup_annotated("input-stdin") else {
         return;
     };
-    s.bundle.annotate(ALLOC_ANNOTATION, ALLOC_ID);
-    s.bundle.write().expect("config");
-    let good = state(&s, json!({ ALLOC_ANNOTATION: ALLOC_ID })).to_string();
-    let mut huge = state(&s, json!({ ALLOC_ANNOTATION: ALLOC_ID }));
+    let good = huge.to_string();
     huge["annotations"]["padding"] = json!("x".repeat(1 << 20));
     let inputs: Vec<(&str, Vec<u8>)> = vec![
         ("empty", Vec::new()),

@@ -21,12 +21,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tessera_e2e::hookenv;
 use tessera_e2e::hookenv::{
     ALLOC_ANNOTATION, ALLOC_ID, HookFixture, SCRATCH_BASE, hook_binary, host_cgroups, probe_script,
 };
-use tessera_e2e::oci::{Bundle, Container, HookEntry, Runtime, unique_id};
-use tessera_e2e::prerequisites;
 use tessera_e2e::sentinel::{HostRootView, host_mount_points};
+use tessera_test_support::oci::{Bundle, Container, HookEntry, Runtime, unique_id};
+use tessera_test_support::require;
 
 /// The host's mount points this test answers for: all but other tests'
 /// scratch directories (their containers come and go meanwhile), and all of
@@ -66,8 +67,7 @@ enum Delivery {
 }
 
 fn fixture(tag: &str) -> Option<HookFixture> {
-    if let Some(why) = prerequisites(&["runc", "crun"]) {
-        eprintln!("SKIPPED: tessera-hook pid-namespace test: {why}");
+    if require(&hookenv::needs(&["runc", "crun"])).is_err() {
         return None;
     }
     Some(HookFixture::new(tag).expect("hook fixture"))
@@ -79,7 +79,7 @@ fn pause(fx: &HookFixture, runtime: Runtime) -> (Container, u32) {
     let id = unique_id("pause");
     let container = Container::create(runtime, &bundle, &id)
         .unwrap_or_else(|e| panic!("{runtime}: pause container: {}", e.stderr));
-    tessera_e2e::run(
+    tessera_test_support::run(
         std::process::Command::new(runtime.program())
             .arg("start")
             .arg(&id),

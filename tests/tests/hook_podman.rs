@@ -10,10 +10,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tessera_e2e::hookenv;
 use tessera_e2e::hookenv::{
     ALLOC_ANNOTATION, ALLOC_ID, HookFixture, hook_binary, podman_with_hooks, probe_script,
 };
-use tessera_e2e::prerequisites;
+use tessera_test_support::require;
 
 /// Copies the shipped hooks.d files into `dir`, pointing them at the test's
 /// hook binary and config; everything else stays as shipped.
@@ -36,8 +37,7 @@ fn install_hooks_d(fx: &HookFixture, dir: &Path) {
 
 #[test]
 fn podman_with_the_hooks_d_files_injects_and_binds_the_allocation() {
-    if let Some(why) = prerequisites(&["podman", "runc", "crun"]) {
-        eprintln!("SKIPPED: podman hooks.d end-to-end test: {why}");
+    if require(&hookenv::needs(&["podman", "runc", "crun"])).is_err() {
         return;
     }
     let fx = HookFixture::new("podman").expect("fixture");
@@ -106,8 +106,7 @@ fn podman_with_the_hooks_d_files_injects_and_binds_the_allocation() {
 
 #[test]
 fn podman_without_the_annotation_does_not_run_the_hook() {
-    if let Some(why) = prerequisites(&["podman", "crun"]) {
-        eprintln!("SKIPPED: podman hooks.d end-to-end test: {why}");
+    if require(&hookenv::needs(&["podman", "crun"])).is_err() {
         return;
     }
     let fx = HookFixture::new("podman-none").expect("fixture");

@@ -7,8 +7,11 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use tessera_e2e::node::{ExpectedNode, NodeView, parse_stat_lines};
-use tessera_e2e::{CdiSpecSlot, artefact, busybox_rootfs, create_node, podman, prerequisites, run};
+use tessera_e2e::hookenv;
+use tessera_test_support::node::{ExpectedNode, NodeView, SimNode, parse_stat_lines};
+use tessera_test_support::podman::{CdiSpecSlot, podman};
+use tessera_test_support::rootfs::busybox_rootfs;
+use tessera_test_support::{artefact, require, run};
 
 const LIST_NODES: &str =
     "for f in $(find /dev -name 'nvidia*' ! -type d); do stat -c '%n %F %t %T' $f; done";
@@ -22,14 +25,11 @@ struct Setup {
 }
 
 fn setup() -> Option<Setup> {
-    if let Some(why) = prerequisites(&["podman", "runc", "crun"]) {
-        eprintln!("SKIPPED: podman end-to-end test: {why}");
-        return None;
-    }
+    require(&hookenv::needs(&["podman", "runc", "crun"])).ok()?;
     let slot = CdiSpecSlot::acquire().expect("CDI spec slot");
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("node");
-    create_node("demo", &root).expect("tessera-sim create");
+    SimNode::profile("demo").at(&root).build().ok()?;
     run(Command::new(artefact("tessera-cdi"))
         .args(["generate", "--driver-root"])
         .arg(&root)

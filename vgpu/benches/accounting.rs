@@ -7,7 +7,7 @@
 //! interception adds its own): ≤ 30 ns for each pair, uncontended.
 
 use divan::{Bencher, black_box};
-use tessera_vgpu::accounting::SharedRegion;
+use tessera_vgpu::accounting::{self, SharedRegion};
 use tessera_vgpu::alloc_table::{self, AllocTable};
 
 fn main() {
@@ -19,10 +19,37 @@ fn ptr(i: u64) -> u64 {
     0x7f40_0000_0000 + (i << 21)
 }
 
+/// A fresh region with one device, its file made as the node side makes it
+/// (in a directory removed on drop).
+fn temp_region() -> (tempfile::TempDir, SharedRegion) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("vgpu.accounting");
+    accounting::create_file(&path).expect("region file");
+    let region = SharedRegion::open(&path, 1).expect("open region");
+    (dir, region)
+}
+
+/// Inserts `live` allocations of 1 MiB at `ptr(base)` on into `table`.
+fn fill(table: &AllocTable, base: u64, live: u64) {
+    for i in 0..live {
+        table.insert(ptr(base + i), 0, 1 << 20, 0);
+    }
+}
+
+/// Indexes past the `live` ones, cycling through 4096 so that each
+/// iteration is a different key.
+fn cycle(live: u64) -> impl FnMut() -> u64 {
+    let mut next = live;
+    move || {
+        let i = next;
+        next = if next >= live + 4096 { live } else { next + 1 };
+        i
+    }
+}
+
 #[divan::bench(threads = [1, 2])]
 fn charge_uncharge(bencher: Bencher) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let region = SharedRegion::open(&dir.path().join("vgpu.accounting"), 1).expect("open region");
+    let (_dir, region) = temp_region();
     bencher.bench(|| {
         let charged = region.try_charge(0, black_box(1 << 20), black_box(u64::MAX / 2));
         region.uncharge(0, black_box(1 << 20));
@@ -32,8 +59,7 @@ fn charge_uncharge(bencher: Bencher) {
 
 #[divan::bench]
 fn charge_refused_at_limit(bencher: Bencher) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let region = SharedRegion::open(&dir.path().join("vgpu.accounting"), 1).expect("open region");
+    let (_dir, region) = temp_region();
     assert!(region.try_charge(0, 1 << 30, 1 << 30));
     bencher.bench_local(|| region.try_charge(0, black_box(1 << 20), black_box(1 << 30)));
 }
@@ -41,14 +67,10 @@ fn charge_refused_at_limit(bencher: Bencher) {
 #[divan::bench(args = [1, 1000])]
 fn table_insert_remove(bencher: Bencher, live: u64) {
     let table = AllocTable::new();
-    for i in 0..live {
-        table.insert(ptr(i), 0, 1 << 20, 0);
-    }
-    // Cycle through other pointers so each iteration is a different key.
-    let mut next = live;
+    fill(&table, 0, live);
+    let mut next = cycle(live);
     bencher.bench_local(|| {
-        let p = ptr(next);
-        next = if next >= live + 4096 { live } else { next + 1 };
+        let p = ptr(next());
         table.insert(black_box(p), 0, 1 << 20, 0);
         table.remove(black_box(p))
     });
@@ -58,13 +80,10 @@ fn table_insert_remove(bencher: Bencher, live: u64) {
 fn global_table_insert_remove(bencher: Bencher, live: u64) {
     let table = alloc_table::global();
     let base = 1 << 30;
-    for i in 0..live {
-        table.insert(ptr(base + i), 0, 1 << 20, 0);
-    }
-    let mut next = live;
+    fill(table, base, live);
+    let mut next = cycle(live);
     bencher.bench_local(|| {
-        let p = ptr(base + next);
-        next = if next >= live + 4096 { live } else { next + 1 };
+        let p = ptr(base + next());
         table.insert(black_box(p), 0, 1 << 20, 0);
         table.remove(black_box(p))
     });
@@ -77,16 +96,12 @@ fn global_table_insert_remove(bencher: Bencher, live: u64) {
 /// path: look up, uncharge.
 #[divan::bench(args = [1, 1000])]
 fn alloc_free_bookkeeping(bencher: Bencher, live: u64) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let region = SharedRegion::open(&dir.path().join("vgpu.accounting"), 1).expect("open region");
+    let (_dir, region) = temp_region();
     let table = AllocTable::new();
-    for i in 0..live {
-        table.insert(ptr(i), 0, 1 << 20, 0);
-    }
-    let mut next = live;
+    fill(&table, 0, live);
+    let mut next = cycle(live);
     bencher.bench_local(|| {
-        let p = ptr(next);
-        next = if next >= live + 4096 { live } else { next + 1 };
+        let p = ptr(next());
         if region.try_charge(0, 1 << 20, u64::MAX / 2) {
             table.insert(black_box(p), 0, 1 << 20, 0);
         }

@@ -230,36 +230,36 @@ mod tests {
         format!(r#"{{"version": 1, "devices": [{{"uuid": "{UUID}", "memoryLimitMiB": {mib}}}]}}"#)
     }
 
+    /// An environment naming an override file `override_mib` MiB big in
+    /// `dir`, and asking for 80 GiB itself.
+    fn env_with_override(dir: &Dir, override_mib: u64) -> Vec<(OsString, OsString)> {
+        let other = dir.file("other.json", &limits_file(override_mib));
+        vars(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "80g"),
+            (CONFIG_OVERRIDE_ENV, other.to_str().expect("utf-8")),
+        ])
+    }
+
+    /// The memory limit of device 0 (`UUID`).
+    fn memory_limit(limits: &ResolvedLimits) -> Option<u64> {
+        limits.limit_for(0, UUID).memory_limit_bytes
+    }
+
     #[test]
     fn container_file_wins_over_env_and_override() {
         let dir = Dir::new("wins");
         let container = dir.file("vgpu.json", &limits_file(1024));
-        let other = dir.file("other.json", &limits_file(999_999));
-        let env = vars(&[
-            ("CUDA_DEVICE_MEMORY_LIMIT", "80g"),
-            (CONFIG_OVERRIDE_ENV, other.to_str().expect("utf-8")),
-        ]);
-        let limits = load_from(&container, env).expect("loads");
+        let limits = load_from(&container, env_with_override(&dir, 999_999)).expect("loads");
         assert_eq!(limits.source, LimitsSource::File);
-        assert_eq!(
-            limits.limit_for(0, UUID).memory_limit_bytes,
-            Some(1024 * MIB)
-        );
+        assert_eq!(memory_limit(&limits), Some(1024 * MIB));
     }
 
     #[test]
     fn override_is_read_only_without_the_container_file() {
         let dir = Dir::new("override");
-        let other = dir.file("other.json", &limits_file(2048));
-        let env = vars(&[
-            ("CUDA_DEVICE_MEMORY_LIMIT", "80g"),
-            (CONFIG_OVERRIDE_ENV, other.to_str().expect("utf-8")),
-        ]);
+        let env = env_with_override(&dir, 2048);
         let limits = load_from(&dir.0.join("absent.json"), env).expect("loads");
-        assert_eq!(
-            limits.limit_for(0, UUID).memory_limit_bytes,
-            Some(2048 * MIB)
-        );
+        assert_eq!(memory_limit(&limits), Some(2048 * MIB));
     }
 
     #[test]
@@ -274,7 +274,7 @@ mod tests {
         ]);
         let limits = load_from(&dir.0.join("absent.json"), env).expect("loads");
         assert_eq!(limits.source, LimitsSource::Env);
-        assert_eq!(limits.limit_for(0, UUID).memory_limit_bytes, Some(1 << 30));
+        assert_eq!(memory_limit(&limits), Some(1 << 30));
         assert_eq!(
             limits.accounting_path,
             dir.0.join(ACCOUNTING_FILE_NAME),

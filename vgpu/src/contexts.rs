@@ -158,10 +158,7 @@ mod tests {
     use super::*;
     use crate::backend::Kind as K;
     use crate::memory;
-    use crate::runtime::Mode;
-    use crate::runtime::tests::{FakePlatform, limits_by_uuid, test_region};
-
-    static ONE: FakePlatform = FakePlatform(&["GPU-0"]);
+    use crate::runtime::tests::limited;
 
     #[test]
     fn this_process_is_found_in_nvml_by_pid_or_by_what_appeared() {
@@ -197,11 +194,7 @@ mod tests {
 
     #[test]
     fn a_destroyed_context_takes_its_allocations_heap_and_own_memory() {
-        let region = test_region();
-        let rt = Runtime::new(
-            Mode::Enforce(limits_by_uuid(&[("GPU-0", Some(1000), None)], &region.path)),
-            &ONE,
-        );
+        let rt = limited(1000);
         let dev = rt.device(0).expect("device").clone();
         let (ctx, other) = (0xc7c1, 0xc7c2);
         context_made(&rt, &dev, ctx, 150, 0);

@@ -43,12 +43,12 @@
 //!   handler lets the child's first launch start its own.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::log::{self, Level, Once};
-use crate::runtime::{self, MAX_DEVICES};
+use crate::runtime::{MAX_DEVICES, Runtime};
 
 /// Blocks a `cuGraphLaunch` costs.
 pub const GRAPH_LAUNCH_BLOCKS: u64 = 1024;
@@ -68,9 +68,7 @@ const OFF: u8 = 1;
 const ON: u8 = 2;
 
 /// Whether the limiter is known to be off: the launch hot path's only check.
-/// It lives in `ffi`, next to the launch wrappers that read it, so they
-/// reach it without an indirection.
-use crate::ffi::LIMITER_STATE as STATE;
+static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
 static WATCHER_STARTED: AtomicBool = AtomicBool::new(false);
 static NVML_MISSING: Once = Once::new();
 static WATCHER_FAILED: Once = Once::new();
@@ -99,8 +97,18 @@ pub trait UtilSource {
     fn utilization(&mut self, uuid: &str, pids: &[u32]) -> Option<f64>;
 }
 
-/// Opens the utilization source (NVML), or says why it cannot.
-pub type SourceFactory = fn() -> Result<Box<dyn UtilSource>, String>;
+/// What the limiter needs from the layer above it: the process's runtime,
+/// the measurement, and word of `fork`. The interception layer provides the
+/// real one; the limiter never reaches up into it.
+pub trait Host: Sync {
+    /// The process's runtime.
+    fn runtime(&self) -> &'static Runtime;
+    /// Opens the utilization source (NVML), or says why it cannot.
+    fn open_source(&self) -> Result<Box<dyn UtilSource>, String>;
+    /// Makes [`after_fork_in_child`] run in the child of every later `fork`
+    /// (idempotent).
+    fn register_fork_handler(&self);
+}
 
 /// A device's bucket and controller.
 pub struct DeviceLimiter {
@@ -122,27 +130,27 @@ static LIMITERS: [OnceLock<Option<Arc<DeviceLimiter>>>; MAX_DEVICES] =
 
 /// Slow path of every launch: decides whether the limiter is on (first
 /// launch), and makes a launch on a limited device wait for its tokens.
-pub fn admit(ordinal: Option<i32>, blocks: u64, source: SourceFactory) {
+pub fn admit(ordinal: Option<i32>, blocks: u64, host: &'static dyn Host) {
     if STATE.load(Ordering::Relaxed) == UNKNOWN {
-        let rt = runtime::global();
+        let rt = host.runtime();
         let on = rt.any_sm_limit();
         STATE.store(if on { ON } else { OFF }, Ordering::Relaxed);
     }
     if off() {
         return;
     }
-    let Some(limiter) = ordinal.and_then(limiter_for) else {
+    let Some(limiter) = ordinal.and_then(|o| limiter_for(host, o)) else {
         return;
     };
-    ensure_watcher(source);
+    ensure_watcher(host);
     limiter.acquire(blocks);
 }
 
-fn limiter_for(ordinal: i32) -> Option<Arc<DeviceLimiter>> {
+fn limiter_for(host: &dyn Host, ordinal: i32) -> Option<Arc<DeviceLimiter>> {
     let index = usize::try_from(ordinal).ok().filter(|&i| i < MAX_DEVICES)?;
     LIMITERS[index]
         .get_or_init(|| {
-            let device = runtime::global().device(ordinal)?;
+            let device = host.runtime().device(ordinal)?;
             let target = device.sm_limit?;
             Some(Arc::new(DeviceLimiter::new(
                 device.uuid.clone(),
@@ -152,14 +160,14 @@ fn limiter_for(ordinal: i32) -> Option<Arc<DeviceLimiter>> {
         .clone()
 }
 
-fn ensure_watcher(source: SourceFactory) {
+fn ensure_watcher(host: &'static dyn Host) {
     if WATCHER_STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
-    crate::ffi::register_fork_handler();
+    host.register_fork_handler();
     let spawned = std::thread::Builder::new()
         .name("tessera-vgpu-sm".into())
-        .spawn(move || watch(source));
+        .spawn(move || watch(host));
     if let Err(e) = spawned {
         log::once(&WATCHER_FAILED, Level::Warn, || {
             format!("cannot start the SM limiter thread ({e}); compute is not limited")
@@ -176,8 +184,8 @@ fn release_all() {
     }
 }
 
-fn watch(source: SourceFactory) {
-    let mut source = match source() {
+fn watch(host: &'static dyn Host) {
+    let mut source = match host.open_source() {
         Ok(source) => source,
         Err(reason) => {
             log::once(&NVML_MISSING, Level::Warn, || {
@@ -187,7 +195,7 @@ fn watch(source: SourceFactory) {
             return;
         }
     };
-    let rt = runtime::global();
+    let rt = host.runtime();
     let mut period = FIRST_PERIOD;
     loop {
         std::thread::sleep(period);
@@ -483,9 +491,9 @@ pub fn container_utilization(samples: &[(u32, u32)], pids: &[u32]) -> Option<f64
     } else {
         ours.iter().sum::<f64>()
     };
-    // Not capped at 100: processes that each report their own share can
-    // add up to more (the simulated node gives each process a device
-    // timeline of its own), and the controller needs the true sum.
+    // Not capped at 100: per-process samples are averaged over windows that
+    // need not line up, so their sum can pass 100 for a while, and the
+    // controller must see that excess to back off by the right amount.
     Some(total)
 }
 
@@ -517,31 +525,30 @@ mod tests {
         utils
     }
 
-    fn settled(utils: &[f64]) -> f64 {
+    /// Asserts that the mean of the last 10 ticks of `utils` is within
+    /// `tolerance` of `expected`.
+    fn assert_settles_at(utils: &[f64], expected: f64, tolerance: f64) {
         let tail = &utils[utils.len() - 10..];
-        tail.iter().sum::<f64>() / tail.len() as f64
+        let settled = tail.iter().sum::<f64>() / tail.len() as f64;
+        assert!((settled - expected).abs() < tolerance, "{utils:?}");
     }
 
     #[test]
     fn converges_on_a_saturated_device() {
         // Unthrottled the workload would use the whole device (and more).
-        let utils = run(30.0, 0.01, 1e6, 0, 40);
-        assert!((settled(&utils) - 30.0).abs() < 2.0, "{utils:?}");
+        assert_settles_at(&run(30.0, 0.01, 1e6, 0, 40), 30.0, 2.0);
     }
 
     #[test]
     fn converges_with_measurement_lag() {
-        let utils = run(30.0, 0.01, 1e6, 1, 60);
-        assert!((settled(&utils) - 30.0).abs() < 3.0, "{utils:?}");
-        let utils = run(50.0, 0.002, 1e7, 2, 80);
-        assert!((settled(&utils) - 50.0).abs() < 5.0, "{utils:?}");
+        assert_settles_at(&run(30.0, 0.01, 1e6, 1, 60), 30.0, 3.0);
+        assert_settles_at(&run(50.0, 0.002, 1e7, 2, 80), 50.0, 5.0);
     }
 
     #[test]
     fn a_light_workload_is_left_alone() {
         // It wants 10 %; the limit is 30 %.
-        let utils = run(30.0, 0.01, 1000.0, 0, 40);
-        assert!((settled(&utils) - 10.0).abs() < 0.5, "{utils:?}");
+        assert_settles_at(&run(30.0, 0.01, 1000.0, 0, 40), 10.0, 0.5);
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub enum Level {
 static LEVEL: AtomicU8 = AtomicU8::new(u8::MAX);
 
 /// The environment variable HAMi-core reads for its log level.
-pub const LEVEL_ENV: &str = "LIBCUDA_LOG_LEVEL";
+pub const LEVEL_ENV: &str = tessera_model::contract::env::hami::LOG_LEVEL;
 
 /// The default level: errors and warnings.
 pub const DEFAULT_LEVEL: u8 = 2;

@@ -239,26 +239,11 @@ pub fn slice(rt: &Runtime, ordinal: i32) -> Option<(u64, u64)> {
 mod tests {
     use super::*;
     use crate::runtime::Mode;
-    use crate::runtime::tests::{FakePlatform, TestRegion, limits_by_uuid, test_region};
+    use crate::runtime::tests::{Limited, ONE, limited, limited_with};
     use std::cell::Cell;
-
-    static ONE: FakePlatform = FakePlatform(&["GPU-0"]);
 
     fn no_pool<D>(_: Tracked, _: D) -> CuResult {
         panic!("not a stream-ordered allocation")
-    }
-
-    /// A runtime with its region (removed on drop).
-    struct Limited {
-        rt: Runtime,
-        _region: TestRegion,
-    }
-
-    impl std::ops::Deref for Limited {
-        type Target = Runtime;
-        fn deref(&self) -> &Runtime {
-            &self.rt
-        }
     }
 
     /// Device 0 with a 0-byte limit: enough to pin the order of operations.
@@ -266,18 +251,15 @@ mod tests {
         limited(0)
     }
 
-    fn limited(bytes: u64) -> Limited {
-        let region = test_region();
-        Limited {
-            rt: Runtime::new(
-                Mode::Enforce(limits_by_uuid(
-                    &[("GPU-0", Some(bytes), None)],
-                    &region.path,
-                )),
-                &ONE,
-            ),
-            _region: region,
-        }
+    /// `cuMemAllocPitch` of 100-byte rows × 10 on device 0, the driver
+    /// answering `driver`: the result, and what was freed again.
+    fn pitch_100_by_10(
+        rt: &Runtime,
+        driver: Result<(u64, u64), CuResult>,
+    ) -> (CuResult, Option<u64>) {
+        let freed = Cell::new(None);
+        let rc = allocate_pitch(rt, Some(0), 0, 100, 10, || driver, |p| freed.set(Some(p)));
+        (rc, freed.get())
     }
 
     #[test]
@@ -339,18 +321,7 @@ mod tests {
     #[test]
     fn pitch_over_the_limit_is_refused_before_the_driver() {
         let rt = closed();
-        let freed = Cell::new(None);
-        let rc = allocate_pitch(
-            &rt,
-            Some(0),
-            0,
-            100,
-            10,
-            || Ok((1, 512)),
-            |p| freed.set(Some(p)),
-        );
-        assert_eq!(rc, OUT_OF_MEMORY);
-        assert_eq!(freed.get(), None);
+        assert_eq!(pitch_100_by_10(&rt, Ok((1, 512))), (OUT_OF_MEMORY, None));
     }
 
     #[test]
@@ -375,8 +346,7 @@ mod tests {
     fn pitch_is_charged_as_pitch_times_height() {
         let rt = limited(1 << 20);
         // 100-byte rows, the driver picks a 1024-byte pitch: 10 KiB charged.
-        let rc = allocate_pitch(&rt, Some(0), 0, 100, 10, || Ok((0x7100, 1024)), |_| {});
-        assert_eq!(rc, SUCCESS);
+        assert_eq!(pitch_100_by_10(&rt, Ok((0x7100, 1024))), (SUCCESS, None));
         assert_eq!(slice(&rt, 0), Some(((1 << 20) - 10240, 1 << 20)));
         assert_eq!(
             release(&rt, Space::Pointer, 0x7100, || SUCCESS, no_pool),
@@ -388,19 +358,11 @@ mod tests {
     #[test]
     fn a_pitch_that_does_not_fit_is_freed_and_refused() {
         let rt = limited(6000);
-        let freed = Cell::new(None);
         // 5120 expected fits; the driver's 1024-byte pitch makes 10240: no.
-        let rc = allocate_pitch(
-            &rt,
-            Some(0),
-            0,
-            100,
-            10,
-            || Ok((0x7200, 1024)),
-            |p| freed.set(Some(p)),
+        assert_eq!(
+            pitch_100_by_10(&rt, Ok((0x7200, 1024))),
+            (OUT_OF_MEMORY, Some(0x7200))
         );
-        assert_eq!(rc, OUT_OF_MEMORY);
-        assert_eq!(freed.get(), Some(0x7200));
         assert_eq!(slice(&rt, 0), Some((6000, 6000)));
     }
 
@@ -426,11 +388,10 @@ mod tests {
 
     #[test]
     fn with_oversubscription_a_full_device_falls_back_to_managed_memory() {
-        let region = test_region();
-        let mut limits = limits_by_uuid(&[("GPU-0", Some(1000), None)], &region.path);
-        limits.oversubscribe = true;
-        limits.memory_scaling = 2.0;
-        let rt = Runtime::new(Mode::Enforce(limits), &ONE);
+        let rt = limited_with(1000, |limits| {
+            limits.oversubscribe = true;
+            limits.memory_scaling = 2.0;
+        });
         let rc = allocate_device(&rt, Some(0), 400, 0, || Err(OUT_OF_MEMORY), || Ok(0x9100));
         assert_eq!(rc, SUCCESS);
         assert_eq!(slice(&rt, 0), Some((600, 1000)), "counted to the slice");

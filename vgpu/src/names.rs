@@ -19,15 +19,85 @@
 /// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
 pub const PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
 
+/// The registry of intercepted entry points: every hook, once, with the
+/// symbol it is exported under. Calls `$callback!` with the list
+/// (`Variant => symbol,` …): [`Hook`] here, and `ffi`'s table of exports
+/// from the same list, so a name cannot be registered without its export
+/// (nor the other way round).
+macro_rules! with_hooks {
+    ($callback:ident) => {
+        $callback! {
+            GetProcAddress => cuGetProcAddress,
+            GetProcAddressV2 => cuGetProcAddress_v2,
+            MemAlloc => cuMemAlloc,
+            MemAllocV2 => cuMemAlloc_v2,
+            MemAllocPitch => cuMemAllocPitch,
+            MemAllocPitchV2 => cuMemAllocPitch_v2,
+            MemAllocManaged => cuMemAllocManaged,
+            MemFree => cuMemFree,
+            MemFreeV2 => cuMemFree_v2,
+            MemCreate => cuMemCreate,
+            MemRelease => cuMemRelease,
+            MemAllocAsync => cuMemAllocAsync,
+            MemAllocAsyncPtsz => cuMemAllocAsync_ptsz,
+            MemAllocFromPoolAsync => cuMemAllocFromPoolAsync,
+            MemAllocFromPoolAsyncPtsz => cuMemAllocFromPoolAsync_ptsz,
+            MemFreeAsync => cuMemFreeAsync,
+            MemFreeAsyncPtsz => cuMemFreeAsync_ptsz,
+            ArrayCreate => cuArrayCreate,
+            ArrayCreateV2 => cuArrayCreate_v2,
+            Array3DCreate => cuArray3DCreate,
+            Array3DCreateV2 => cuArray3DCreate_v2,
+            ArrayDestroy => cuArrayDestroy,
+            MipmappedArrayCreate => cuMipmappedArrayCreate,
+            MipmappedArrayDestroy => cuMipmappedArrayDestroy,
+            MemMap => cuMemMap,
+            MemUnmap => cuMemUnmap,
+            MemAddressFree => cuMemAddressFree,
+            MemRetainAllocationHandle => cuMemRetainAllocationHandle,
+            MemImportFromShareableHandle => cuMemImportFromShareableHandle,
+            MemExportToShareableHandle => cuMemExportToShareableHandle,
+            MemPoolCreate => cuMemPoolCreate,
+            MemPoolDestroy => cuMemPoolDestroy,
+            MemPoolTrimTo => cuMemPoolTrimTo,
+            CtxCreateV2 => cuCtxCreate_v2,
+            CtxCreateV3 => cuCtxCreate_v3,
+            CtxCreateV4 => cuCtxCreate_v4,
+            CtxDestroyV2 => cuCtxDestroy_v2,
+            DevicePrimaryCtxRetain => cuDevicePrimaryCtxRetain,
+            DevicePrimaryCtxRelease => cuDevicePrimaryCtxRelease,
+            DevicePrimaryCtxReleaseV2 => cuDevicePrimaryCtxRelease_v2,
+            DevicePrimaryCtxReset => cuDevicePrimaryCtxReset,
+            DevicePrimaryCtxResetV2 => cuDevicePrimaryCtxReset_v2,
+            CtxSetLimit => cuCtxSetLimit,
+            MemGetInfo => cuMemGetInfo,
+            MemGetInfoV2 => cuMemGetInfo_v2,
+            DeviceTotalMem => cuDeviceTotalMem,
+            DeviceTotalMemV2 => cuDeviceTotalMem_v2,
+            LaunchKernel => cuLaunchKernel,
+            LaunchKernelPtsz => cuLaunchKernel_ptsz,
+            LaunchKernelEx => cuLaunchKernelEx,
+            LaunchKernelExPtsz => cuLaunchKernelEx_ptsz,
+            LaunchCooperativeKernel => cuLaunchCooperativeKernel,
+            LaunchCooperativeKernelPtsz => cuLaunchCooperativeKernel_ptsz,
+            GraphLaunch => cuGraphLaunch,
+            GraphLaunchPtsz => cuGraphLaunch_ptsz,
+            NvmlMemoryInfo => nvmlDeviceGetMemoryInfo,
+            NvmlMemoryInfoV2 => nvmlDeviceGetMemoryInfo_v2,
+        }
+    };
+}
+pub(crate) use with_hooks;
+
 macro_rules! hooks {
-    ($($variant:ident => $symbol:literal,)*) => {
+    ($($variant:ident => $symbol:ident,)*) => {
         /// One intercepted entry point: one ABI version of one driver or NVML
         /// function, with its own wrapper and its own cached real pointer.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[repr(usize)]
         pub enum Hook {
             $(
-                #[doc = concat!("`", $symbol, "`.")]
+                #[doc = concat!("`", stringify!($symbol), "`.")]
                 $variant,
             )*
         }
@@ -39,14 +109,14 @@ macro_rules! hooks {
             /// The exported symbol name of this entry point.
             pub const fn symbol(self) -> &'static str {
                 match self {
-                    $(Hook::$variant => $symbol,)*
+                    $(Hook::$variant => stringify!($symbol),)*
                 }
             }
 
             /// The exported symbol name, NUL-terminated (for `dlsym`).
             pub const fn symbol_nul(self) -> &'static str {
                 match self {
-                    $(Hook::$variant => concat!($symbol, "\0"),)*
+                    $(Hook::$variant => concat!(stringify!($symbol), "\0"),)*
                 }
             }
 
@@ -60,7 +130,7 @@ macro_rules! hooks {
                     _ => return None,
                 }
                 match std::str::from_utf8(name).ok()? {
-                    $($symbol => Some(Hook::$variant),)*
+                    $(stringify!($symbol) => Some(Hook::$variant),)*
                     _ => None,
                 }
             }
@@ -68,65 +138,7 @@ macro_rules! hooks {
     };
 }
 
-hooks! {
-    GetProcAddress => "cuGetProcAddress",
-    GetProcAddressV2 => "cuGetProcAddress_v2",
-    MemAlloc => "cuMemAlloc",
-    MemAllocV2 => "cuMemAlloc_v2",
-    MemAllocPitch => "cuMemAllocPitch",
-    MemAllocPitchV2 => "cuMemAllocPitch_v2",
-    MemAllocManaged => "cuMemAllocManaged",
-    MemFree => "cuMemFree",
-    MemFreeV2 => "cuMemFree_v2",
-    MemCreate => "cuMemCreate",
-    MemRelease => "cuMemRelease",
-    MemAllocAsync => "cuMemAllocAsync",
-    MemAllocAsyncPtsz => "cuMemAllocAsync_ptsz",
-    MemAllocFromPoolAsync => "cuMemAllocFromPoolAsync",
-    MemAllocFromPoolAsyncPtsz => "cuMemAllocFromPoolAsync_ptsz",
-    MemFreeAsync => "cuMemFreeAsync",
-    MemFreeAsyncPtsz => "cuMemFreeAsync_ptsz",
-    ArrayCreate => "cuArrayCreate",
-    ArrayCreateV2 => "cuArrayCreate_v2",
-    Array3DCreate => "cuArray3DCreate",
-    Array3DCreateV2 => "cuArray3DCreate_v2",
-    ArrayDestroy => "cuArrayDestroy",
-    MipmappedArrayCreate => "cuMipmappedArrayCreate",
-    MipmappedArrayDestroy => "cuMipmappedArrayDestroy",
-    MemMap => "cuMemMap",
-    MemUnmap => "cuMemUnmap",
-    MemAddressFree => "cuMemAddressFree",
-    MemRetainAllocationHandle => "cuMemRetainAllocationHandle",
-    MemImportFromShareableHandle => "cuMemImportFromShareableHandle",
-    MemExportToShareableHandle => "cuMemExportToShareableHandle",
-    MemPoolCreate => "cuMemPoolCreate",
-    MemPoolDestroy => "cuMemPoolDestroy",
-    MemPoolTrimTo => "cuMemPoolTrimTo",
-    CtxCreateV2 => "cuCtxCreate_v2",
-    CtxCreateV3 => "cuCtxCreate_v3",
-    CtxCreateV4 => "cuCtxCreate_v4",
-    CtxDestroyV2 => "cuCtxDestroy_v2",
-    DevicePrimaryCtxRetain => "cuDevicePrimaryCtxRetain",
-    DevicePrimaryCtxRelease => "cuDevicePrimaryCtxRelease",
-    DevicePrimaryCtxReleaseV2 => "cuDevicePrimaryCtxRelease_v2",
-    DevicePrimaryCtxReset => "cuDevicePrimaryCtxReset",
-    DevicePrimaryCtxResetV2 => "cuDevicePrimaryCtxReset_v2",
-    CtxSetLimit => "cuCtxSetLimit",
-    MemGetInfo => "cuMemGetInfo",
-    MemGetInfoV2 => "cuMemGetInfo_v2",
-    DeviceTotalMem => "cuDeviceTotalMem",
-    DeviceTotalMemV2 => "cuDeviceTotalMem_v2",
-    LaunchKernel => "cuLaunchKernel",
-    LaunchKernelPtsz => "cuLaunchKernel_ptsz",
-    LaunchKernelEx => "cuLaunchKernelEx",
-    LaunchKernelExPtsz => "cuLaunchKernelEx_ptsz",
-    LaunchCooperativeKernel => "cuLaunchCooperativeKernel",
-    LaunchCooperativeKernelPtsz => "cuLaunchCooperativeKernel_ptsz",
-    GraphLaunch => "cuGraphLaunch",
-    GraphLaunchPtsz => "cuGraphLaunch_ptsz",
-    NvmlMemoryInfo => "nvmlDeviceGetMemoryInfo",
-    NvmlMemoryInfoV2 => "nvmlDeviceGetMemoryInfo_v2",
-}
+with_hooks!(hooks);
 
 /// Number of hooks.
 pub const HOOK_COUNT: usize = Hook::ALL.len();
@@ -296,132 +308,87 @@ mod tests {
     #[test]
     fn foreign_names_are_not_hooks() {
         for name in [
-            &b""[..],
-            b"c",
-            b"cu",
-            b"malloc",
-            b"cuInit",
-            b"cuMemAlloc_v3",
-            b"nvmlInit_v2",
+            "",
+            "c",
+            "cu",
+            "malloc",
+            "cuInit",
+            "cuMemAlloc_v3",
+            "nvmlInit_v2",
         ] {
+            assert_eq!(Hook::by_symbol(name.as_bytes()), None, "{name}");
+        }
+    }
+
+    /// Asserts that `cuGetProcAddress` with `flags` answers each `(symbol,
+    /// CUDA version)` with its hook.
+    fn assert_by_proc(flags: u64, cases: &[(&str, i32, Hook)]) {
+        for &(symbol, version, hook) in cases {
             assert_eq!(
-                Hook::by_symbol(name),
-                None,
-                "{}",
-                String::from_utf8_lossy(name)
+                Hook::by_proc(symbol.as_bytes(), version, flags),
+                Some(hook),
+                "{symbol} at {version}, flags {flags:#x}"
             );
         }
     }
 
     #[test]
     fn proc_address_picks_the_abi_version_by_cuda_version() {
-        assert_eq!(
-            Hook::by_proc(b"cuMemAlloc", 12080, 0),
-            Some(Hook::MemAllocV2)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuMemAlloc", 3020, 0),
-            Some(Hook::MemAllocV2)
-        );
-        assert_eq!(Hook::by_proc(b"cuMemAlloc", 2000, 0), Some(Hook::MemAlloc));
-        assert_eq!(
-            Hook::by_proc(b"cuMemGetInfo", 11000, 0),
-            Some(Hook::MemGetInfoV2)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuArray3DCreate", 12000, 0),
-            Some(Hook::Array3DCreateV2)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuGetProcAddress", 12000, 0),
-            Some(Hook::GetProcAddressV2)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuGetProcAddress", 11030, 0),
-            Some(Hook::GetProcAddress)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuMemCreate", 12000, 0),
-            Some(Hook::MemCreate)
-        );
-    }
-
-    #[test]
-    fn proc_address_picks_context_entry_points_by_version() {
+        use Hook::*;
         assert_eq!(Hook::by_proc(b"cuCtxCreate", 3010, 0), None);
-        assert_eq!(
-            Hook::by_proc(b"cuCtxCreate", 11030, 0),
-            Some(Hook::CtxCreateV2)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuCtxCreate", 12040, 0),
-            Some(Hook::CtxCreateV3)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuCtxCreate", 12080, 0),
-            Some(Hook::CtxCreateV4)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuDevicePrimaryCtxRelease", 10020, 0),
-            Some(Hook::DevicePrimaryCtxRelease)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuDevicePrimaryCtxReset", 12000, 0),
-            Some(Hook::DevicePrimaryCtxResetV2)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuCtxDestroy", 12000, 0),
-            Some(Hook::CtxDestroyV2)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuMemRetainAllocationHandle", 12000, 0),
-            Some(Hook::MemRetainAllocationHandle)
+        assert_by_proc(
+            0,
+            &[
+                ("cuMemAlloc", 12080, MemAllocV2),
+                ("cuMemAlloc", 3020, MemAllocV2),
+                ("cuMemAlloc", 2000, MemAlloc),
+                ("cuMemGetInfo", 11000, MemGetInfoV2),
+                ("cuArray3DCreate", 12000, Array3DCreateV2),
+                ("cuGetProcAddress", 12000, GetProcAddressV2),
+                ("cuGetProcAddress", 11030, GetProcAddress),
+                ("cuMemCreate", 12000, MemCreate),
+                // Contexts.
+                ("cuCtxCreate", 11030, CtxCreateV2),
+                ("cuCtxCreate", 12040, CtxCreateV3),
+                ("cuCtxCreate", 12080, CtxCreateV4),
+                ("cuDevicePrimaryCtxRelease", 10020, DevicePrimaryCtxRelease),
+                ("cuDevicePrimaryCtxReset", 12000, DevicePrimaryCtxResetV2),
+                ("cuCtxDestroy", 12000, CtxDestroyV2),
+                (
+                    "cuMemRetainAllocationHandle",
+                    12000,
+                    MemRetainAllocationHandle,
+                ),
+            ],
         );
     }
 
     #[test]
     fn proc_address_picks_the_default_stream_variant_by_flag() {
-        let ptds = PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
-        assert_eq!(
-            Hook::by_proc(b"cuLaunchKernel", 12000, 0),
-            Some(Hook::LaunchKernel)
+        use Hook::*;
+        assert_by_proc(0, &[("cuLaunchKernel", 12000, LaunchKernel)]);
+        assert_by_proc(1, &[("cuLaunchKernel", 12000, LaunchKernel)]);
+        assert_by_proc(
+            PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+            &[
+                ("cuLaunchKernel", 12000, LaunchKernelPtsz),
+                ("cuGraphLaunch", 12000, GraphLaunchPtsz),
+                ("cuMemFreeAsync", 12000, MemFreeAsyncPtsz),
+            ],
         );
-        assert_eq!(
-            Hook::by_proc(b"cuLaunchKernel", 12000, 1),
-            Some(Hook::LaunchKernel)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuLaunchKernel", 12000, ptds),
-            Some(Hook::LaunchKernelPtsz)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuGraphLaunch", 12000, ptds),
-            Some(Hook::GraphLaunchPtsz)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuMemFreeAsync", 12000, ptds),
-            Some(Hook::MemFreeAsyncPtsz)
-        );
-        assert_eq!(
-            Hook::LaunchKernel.stream_sibling(),
-            Some(Hook::LaunchKernelPtsz)
-        );
-        assert_eq!(
-            Hook::LaunchKernelPtsz.stream_sibling(),
-            Some(Hook::LaunchKernel)
-        );
-        assert_eq!(Hook::MemAllocV2.stream_sibling(), None);
+        assert_eq!(LaunchKernel.stream_sibling(), Some(LaunchKernelPtsz));
+        assert_eq!(LaunchKernelPtsz.stream_sibling(), Some(LaunchKernel));
+        assert_eq!(MemAllocV2.stream_sibling(), None);
     }
 
     #[test]
     fn proc_address_answers_versioned_names_exactly_and_never_nvml() {
-        assert_eq!(
-            Hook::by_proc(b"cuMemAlloc_v2", 12000, 0),
-            Some(Hook::MemAllocV2)
-        );
-        assert_eq!(
-            Hook::by_proc(b"cuLaunchKernel_ptsz", 12000, 0),
-            Some(Hook::LaunchKernelPtsz)
+        assert_by_proc(
+            0,
+            &[
+                ("cuMemAlloc_v2", 12000, Hook::MemAllocV2),
+                ("cuLaunchKernel_ptsz", 12000, Hook::LaunchKernelPtsz),
+            ],
         );
         assert_eq!(Hook::by_proc(b"nvmlDeviceGetMemoryInfo", 12000, 0), None);
         assert_eq!(Hook::by_proc(b"cuInit", 12000, 0), None);

@@ -341,14 +341,29 @@ pub fn global() -> &'static Pools {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::Mode;
-    use crate::runtime::tests::{FakePlatform, limits_by_uuid, test_region};
+    use crate::runtime::tests::{Limited, limited};
     use std::cell::Cell;
     use std::collections::HashMap as Map;
     use std::sync::Mutex as M;
+    use tessera_model::vgpu::MIB;
 
-    static ONE: FakePlatform = FakePlatform(&["GPU-0"]);
-    const MIB: u64 = 1 << 20;
+    /// A runtime whose device 0 is limited to `limit`, that device, and
+    /// empty ledgers.
+    fn ledgers(limit: u64) -> (Limited, DeviceInfo, Pools) {
+        let rt = limited(limit);
+        let dev = rt.device(0).expect("device").clone();
+        (rt, dev, Pools::new())
+    }
+
+    /// A request for `bytes` from `pool` on `device`, up to its limit.
+    fn request(device: &DeviceInfo, pool: u64, bytes: u64) -> Request<'_> {
+        Request {
+            pool,
+            device,
+            limit: device.memory_limit.expect("a limited device"),
+            bytes,
+        }
+    }
 
     /// A pool that grows in 2 MiB granules and keeps everything (threshold
     /// UINT64_MAX) until trimmed.
@@ -392,25 +407,10 @@ mod tests {
 
     #[test]
     fn memory_a_pool_keeps_stays_charged_and_serves_the_pool_again() {
-        let region = test_region();
-        let rt = Runtime::new(
-            Mode::Enforce(limits_by_uuid(
-                &[("GPU-0", Some(100 * MIB), None)],
-                &region.path,
-            )),
-            &ONE,
-        );
-        let dev = rt.device(0).expect("device").clone();
-        let pools = Pools::new();
+        let (rt, dev, pools) = ledgers(100 * MIB);
         let drv = KeepAll::default();
         let alloc = |ptr: u64, mib: u64| {
-            let request = Request {
-                pool: 7,
-                device: &dev,
-                limit: 100 * MIB,
-                bytes: mib * MIB,
-            };
-            pools.allocate(&rt, &drv, &request, || {
+            pools.allocate(&rt, &drv, &request(&dev, 7, mib * MIB), || {
                 drv.alloc(7, mib * MIB);
                 Ok(ptr)
             })
@@ -473,26 +473,11 @@ mod tests {
 
     #[test]
     fn a_growth_is_charged_in_whole_granules_before_the_driver() {
-        let region = test_region();
-        let rt = Runtime::new(
-            Mode::Enforce(limits_by_uuid(
-                &[("GPU-0", Some(3 * MIB), None)],
-                &region.path,
-            )),
-            &ONE,
-        );
-        let dev = rt.device(0).expect("device").clone();
-        let pools = Pools::new();
+        let (rt, dev, pools) = ledgers(3 * MIB);
         let drv = KeepAll::default();
         let called = Cell::new(false);
         // 3 MiB takes two 2 MiB granules: 4 MiB do not fit a 3 MiB slice.
-        let request = Request {
-            pool: 9,
-            device: &dev,
-            limit: 3 * MIB,
-            bytes: 3 * MIB,
-        };
-        let rc = pools.allocate(&rt, &drv, &request, || {
+        let rc = pools.allocate(&rt, &drv, &request(&dev, 9, 3 * MIB), || {
             called.set(true);
             Ok(0x9000)
         });
@@ -503,25 +488,10 @@ mod tests {
 
     #[test]
     fn a_pool_that_grows_past_the_limit_is_undone_and_its_step_learned() {
-        let region = test_region();
-        let rt = Runtime::new(
-            Mode::Enforce(limits_by_uuid(
-                &[("GPU-0", Some(5 * MIB), None)],
-                &region.path,
-            )),
-            &ONE,
-        );
-        let dev = rt.device(0).expect("device").clone();
-        let pools = Pools::new();
+        let (rt, dev, pools) = ledgers(5 * MIB);
         let drv = Coarse::default();
         let alloc = |ptr: u64| {
-            let request = Request {
-                pool: 4,
-                device: &dev,
-                limit: 5 * MIB,
-                bytes: MIB,
-            };
-            pools.allocate(&rt, &drv, &request, || {
+            pools.allocate(&rt, &drv, &request(&dev, 4, MIB), || {
                 drv.alloc(MIB);
                 Ok(ptr)
             })

@@ -35,14 +35,23 @@ use std::sync::OnceLock;
 use crate::backend::{self, Limits, Region};
 use crate::log::{self, Level, Once};
 
-/// CUDA ordinals the library tracks; a device past this is passed through.
-pub const MAX_DEVICES: usize = 64;
+/// CUDA ordinals the library tracks: as many as a container's limits and
+/// its accounting region can name; a device past this is passed through.
+pub use tessera_model::contract::vgpu::MAX_DEVICES;
 
 /// What the library knows of the driver beyond the intercepted calls;
 /// `ffi` provides the real one, tests a fake.
 pub trait Platform: Sync {
     /// `cuDeviceGetUuid` of `ordinal`, as `GPU-xxxxxxxx-xxxx-…`.
     fn device_uuid(&self, ordinal: i32) -> Option<String>;
+
+    /// What a refused charge may still get back from this process's pools
+    /// (they give memory back at synchronisations the library does not
+    /// see): brings their ledgers in line with the driver and returns the
+    /// bytes given back. None by default (no pools).
+    fn reconcile_pools(&self, _rt: &Runtime) -> u64 {
+        0
+    }
 }
 
 /// How the library treats this process's calls.
@@ -90,17 +99,11 @@ static CONFIG_FAILED: Once = Once::new();
 static REGION_FAILED: Once = Once::new();
 static LIMITS_IN_FORCE: Once = Once::new();
 
-/// What a refused charge may still get back from this process's pools
-/// (they give memory back at synchronisations the library does not see);
-/// set by the interception layer. Returns the bytes given back.
-static POOL_RECONCILER: OnceLock<fn(&Runtime) -> u64> = OnceLock::new();
-
-/// The process's runtime, loading the configuration on first use.
-pub fn global() -> &'static Runtime {
-    GLOBAL.get_or_init(|| {
-        let _ = POOL_RECONCILER.set(crate::ffi::reconcile_pools);
-        Runtime::new(load_mode(), crate::ffi::platform())
-    })
+/// The process's runtime over `platform` (the real driver: the
+/// interception layer passes it), loading the configuration on first use.
+/// The first call's platform is the one kept.
+pub fn global(platform: &'static dyn Platform) -> &'static Runtime {
+    GLOBAL.get_or_init(|| Runtime::new(load_mode(), platform))
 }
 
 /// The runtime if it was loaded already (NVML calls in a process that never
@@ -241,7 +244,7 @@ impl Runtime {
             Accounting::Shared(region) => {
                 backend::try_charge(region, device.slot, bytes, limit) || {
                     let dead = backend::reclaim_dead(region);
-                    let pooled = POOL_RECONCILER.get().map_or(0, |f| f(self));
+                    let pooled = self.platform.reconcile_pools(self);
                     (dead > 0 || pooled > 0)
                         && backend::try_charge(region, device.slot, bytes, limit)
                 }
@@ -385,6 +388,39 @@ pub(crate) mod tests {
         TestRegion {
             path: path.to_str().expect("utf-8 path").to_owned(),
             _dir: dir,
+        }
+    }
+
+    /// A driver with one device, `GPU-0`.
+    pub static ONE: FakePlatform = FakePlatform(&["GPU-0"]);
+
+    /// A runtime enforcing limits on [`ONE`], with its region (removed on
+    /// drop).
+    pub struct Limited {
+        rt: Runtime,
+        _region: TestRegion,
+    }
+
+    impl std::ops::Deref for Limited {
+        type Target = Runtime;
+        fn deref(&self) -> &Runtime {
+            &self.rt
+        }
+    }
+
+    /// [`ONE`]'s device with a memory limit of `bytes`.
+    pub fn limited(bytes: u64) -> Limited {
+        limited_with(bytes, |_| {})
+    }
+
+    /// [`limited`], with `adjust` applied to the limits first.
+    pub fn limited_with(bytes: u64, adjust: impl FnOnce(&mut Limits)) -> Limited {
+        let region = test_region();
+        let mut limits = limits_by_uuid(&[("GPU-0", Some(bytes), None)], &region.path);
+        adjust(&mut limits);
+        Limited {
+            rt: Runtime::new(Mode::Enforce(limits), &ONE),
+            _region: region,
         }
     }
 

@@ -146,8 +146,16 @@ struct ChildProc {
 }
 
 impl ChildProc {
+    /// This test binary as a child in `role`, on the region at `region`.
     fn spawn(role: &str, region: &Path, amount: u64) -> ChildProc {
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        let cmd = Command::new(std::env::current_exe().expect("test binary"));
+        ChildProc::spawn_by(cmd, role, region, amount)
+    }
+
+    /// [`ChildProc::spawn`] with `cmd` running the test binary (the
+    /// binary itself, or a program whose last argument so far is its path).
+    fn spawn_by(mut cmd: Command, role: &str, region: &Path, amount: u64) -> ChildProc {
+        let mut child = cmd
             .args([
                 "--exact",
                 "child_process_role",
@@ -222,6 +230,15 @@ fn region_path(dir: &tempfile::TempDir) -> PathBuf {
     path
 }
 
+/// A fresh region file (in a directory removed on drop), its path, and
+/// this process's handle on it (one device).
+fn fresh_region() -> (tempfile::TempDir, PathBuf, SharedRegion) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = region_path(&dir);
+    let region = SharedRegion::open(&path, 1).expect("open");
+    (dir, path, region)
+}
+
 /// Calls `reclaim_dead` until it has returned `expected` bytes in all (a
 /// killed process takes a moment to die).
 fn reclaim_until(region: &SharedRegion, expected: u64) -> u64 {
@@ -238,9 +255,7 @@ fn reclaim_until(region: &SharedRegion, expected: u64) -> u64 {
 
 #[test]
 fn two_processes_share_one_budget_and_never_exceed_it() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = region_path(&dir);
-    let region = SharedRegion::open(&path, 1).expect("open");
+    let (_dir, path, region) = fresh_region();
     let mut child = ChildProc::spawn("fill", &path, 0);
     child.expect("ready");
 
@@ -280,9 +295,7 @@ fn two_processes_share_one_budget_and_never_exceed_it() {
 
 #[test]
 fn usage_of_killed_processes_is_reclaimed() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = region_path(&dir);
-    let region = SharedRegion::open(&path, 1).expect("open");
+    let (_dir, path, region) = fresh_region();
     assert!(region.try_charge(0, 1000, u64::MAX));
 
     let mut reaped = ChildProc::spawn("hold", &path, 3 << 20);
@@ -304,9 +317,7 @@ fn usage_of_killed_processes_is_reclaimed() {
 
 #[test]
 fn uncharging_more_than_charged_cannot_underflow_or_erase_others() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = region_path(&dir);
-    let region = SharedRegion::open(&path, 1).expect("open");
+    let (_dir, path, region) = fresh_region();
     let mut other = ChildProc::spawn("hold", &path, 1000);
     other.expect("held");
 
@@ -370,9 +381,7 @@ fn start_time_of(pid: u32) -> u64 {
 
 #[test]
 fn a_slot_is_alive_while_its_lock_is_held_whatever_its_pid_says() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = region_path(&dir);
-    let region = SharedRegion::open(&path, 1).expect("open");
+    let (_dir, path, region) = fresh_region();
     // A live process that registered and holds 300 bytes ...
     let mut live = ChildProc::spawn("hold", &path, 300);
     live.expect("held");
@@ -407,50 +416,31 @@ fn can_unshare_pid() -> Result<(), String> {
 
 #[test]
 fn a_process_killed_in_another_pid_namespace_gives_its_memory_back() {
-    if let Err(reason) = can_unshare_pid() {
-        let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0");
-        assert!(
-            !ci,
-            "{reason} (CI is set: a missing prerequisite fails the test)"
-        );
-        eprintln!("SKIPPED: {reason}");
+    let works = can_unshare_pid();
+    let Ok(()) = common::require(&[common::Need::condition(
+        works.is_ok(),
+        format!(
+            "pid namespaces: {}",
+            works.as_ref().err().map_or("", String::as_str)
+        ),
+        "run as root with util-linux installed",
+    )]) else {
         return;
-    }
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = region_path(&dir);
-    let region = SharedRegion::open(&path, 1).expect("open");
+    };
+    let (_dir, path, region) = fresh_region();
     // A container: its own pid namespace, where the holder is pid 2 or so
     // (numbers that mean another process, or none, out here).
-    let mut container = Command::new("unshare")
+    let mut unshare = Command::new("unshare");
+    unshare
         .args(["--pid", "--fork", "--kill-child", "--mount-proc"])
-        .arg(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            "child_process_role",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ROLE, "hold")
-        .env(REGION, &path)
-        .env(AMOUNT, (7u64 << 20).to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn unshare");
-    let mut out = BufReader::new(container.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    while !line.contains("@@ held") {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).expect("read") > 0,
-            "container ended early"
-        );
-    }
+        .arg(std::env::current_exe().expect("test binary"));
+    let mut container = ChildProc::spawn_by(unshare, "hold", &path, 7 << 20);
+    container.expect("held");
     assert_eq!(region.used(0), 7 << 20);
     assert_eq!(region.reclaim_dead(), 0, "alive in its namespace");
     // The container crashes: unshare is killed, and --kill-child takes the holder.
-    container.kill().expect("kill");
-    container.wait().expect("wait");
+    container.kill();
+    container.child.wait().expect("wait");
     assert_eq!(reclaim_until(&region, 7 << 20), 7 << 20);
     assert_eq!(
         region.used(0),
@@ -461,9 +451,7 @@ fn a_process_killed_in_another_pid_namespace_gives_its_memory_back() {
 
 #[test]
 fn a_lock_held_on_the_file_by_any_reader_stalls_nothing() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = region_path(&dir);
-    let first = SharedRegion::open(&path, 1).expect("open");
+    let (_dir, path, first) = fresh_region();
     // Any process that can read the file can flock it, or lock byte ranges.
     let reader = fs::File::open(&path).expect("read-only open");
     // SAFETY: flock on a descriptor we own.
@@ -483,9 +471,7 @@ fn a_lock_held_on_the_file_by_any_reader_stalls_nothing() {
 
 #[test]
 fn a_parent_killed_while_its_forked_child_lives_gives_its_memory_back() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = region_path(&dir);
-    let region = SharedRegion::open(&path, 1).expect("open");
+    let (_dir, path, region) = fresh_region();
     let mut parent = ChildProc::spawn("fork-then-hold", &path, 4096);
     let grandchild: i32 = parent.expect("forked").parse().expect("pid");
     assert_eq!(region.used(0), 4096);
@@ -595,9 +581,7 @@ fn processes_racing_to_initialize_the_region_all_join_it() {
 
 #[test]
 fn a_forked_child_charges_into_a_slot_of_its_own() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = region_path(&dir);
-    let region = SharedRegion::open(&path, 1).expect("open");
+    let (_dir, _, region) = fresh_region();
     assert!(region.try_charge(0, 100, u64::MAX));
 
     // SAFETY: the child only uses the region (atomics, file syscalls, small

@@ -18,32 +18,43 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::sequences::{
+    ALLOC_256, alloc_256, demo_with_1_gib, hold_256, memory_limits, preloaded,
+};
 use common::{
-    Limit, MIB, Node, Output, artefacts, expect_steps, held_by, held_on_gpu, is_root, skip, steps,
+    MIB, Need, Node, Output, artefacts, expect_steps, held_by, held_on_gpu, is_root, require, steps,
 };
 
 const SLICE_MIB: u64 = 1024;
 
-fn one_gib(node: &Node) -> PathBuf {
-    node.gpu0_slice(SLICE_MIB)
-}
-
 /// A node with the 1 GiB slice for a test that needs root (`why`); `None`
-/// after [`skip`] otherwise.
+/// after a skip otherwise.
 fn node_as_root(why: &str) -> Option<(Node, PathBuf)> {
     let a = artefacts()?;
-    if !is_root() {
-        skip(why);
-        return None;
-    }
+    require(&[Need::condition(
+        is_root(),
+        format!("root: {why}"),
+        "run as root",
+    )])
+    .ok()?;
     let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let limits = node.gpu0_slice(SLICE_MIB);
     Some((node, limits))
 }
 
 /// Runs a script with the library (`limits`) or without it (`None`).
 fn script(node: &Node, limits: Option<&Path>, steps: &[&str]) -> Output {
     node.probe(limits).arg("script").args(steps).run()
+}
+
+/// Runs `steps` without the library, where every step succeeds (the
+/// program is legal), then with it (`limits`), where the steps end as
+/// `expected`; the output of the run with the library.
+fn script_in_slice(node: &Node, limits: &Path, steps: &[&str], expected: &[&str]) -> Output {
+    expect_steps(&script(node, None, steps), &vec!["ok"; steps.len()]);
+    let out = script(node, Some(limits), steps);
+    expect_steps(&out, expected);
+    out
 }
 
 // ---------------------------------------------------------------------------
@@ -201,9 +212,9 @@ fn watching<R>(root: &Path, pids: &Watched, body: impl FnOnce() -> R) -> (R, u64
 
 #[test]
 fn four_processes_running_into_the_limit_hold_no_more_than_it_together() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     let pids = Watched::default();
     let (held, max_seen, readings) = watching(&node.root, &pids, || {
         let mut procs: Vec<Stresser> = (1..=4)
@@ -264,49 +275,22 @@ fn four_processes_running_into_the_limit_hold_no_more_than_it_together() {
 
 /// A process holding 768 MiB (three 256 MiB blocks) of the slice.
 fn hold_768(node: &Node, limits: &Path) -> common::Holding {
-    node.probe(Some(limits))
-        .args([
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "3",
-        ])
-        .args(["--hold-secs", "30"])
-        .start_holding()
-}
-
-fn alloc_256x4(node: &Node, probe: common::Probe) -> Output {
-    let _ = node;
-    probe
-        .args([
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "4",
-        ])
-        .run()
+    hold_256(node, limits, 3, "30")
 }
 
 #[test]
 fn hami_variables_without_a_shared_file_refuse_every_allocation() {
     let Some(a) = artefacts() else { return };
-    let default = Path::new("/var/run/tessera/vgpu.accounting");
-    if default.exists() {
-        skip("/var/run/tessera/vgpu.accounting exists on this machine; the test needs it absent");
+    let Ok(()) = require(&[Need::absent(
+        "/var/run/tessera/vgpu.accounting",
+        "the test needs the default region file absent",
+    )]) else {
         return;
-    }
+    };
     let node = Node::create(a, "demo");
-    let out = alloc_256x4(
-        &node,
-        node.command(&node.a.probe, None)
-            .env("LD_PRELOAD", &node.a.lib)
-            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "512m"),
+    let out = alloc_256(
+        preloaded(&node).env("CUDA_DEVICE_MEMORY_LIMIT_0", "512m"),
+        4,
     );
     assert_eq!(out.num("blocks"), 0, "{}", out.describe());
     assert_eq!(out.get("result"), "CUDA_ERROR_OUT_OF_MEMORY");
@@ -328,19 +312,19 @@ fn hami_variables_without_a_shared_file_refuse_every_allocation() {
         cause[0]
     );
     // Without the library the same program gets its memory (it is legal).
-    let native = alloc_256x4(&node, node.probe(None));
+    let native = alloc_256(node.probe(None), 4);
     assert_eq!(native.num("blocks"), 4);
 }
 
 #[test]
 fn an_accounting_directory_others_may_write_refuses_every_allocation() {
     use std::os::unix::fs::PermissionsExt;
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     std::fs::set_permissions(&node.accounting, std::fs::Permissions::from_mode(0o777))
         .expect("chmod");
-    let out = alloc_256x4(&node, node.probe(Some(&limits)));
+    let out = alloc_256(node.probe(Some(&limits)), 4);
     assert_eq!(out.num("blocks"), 0, "{}", out.describe());
     let lines = out.library_lines();
     assert!(
@@ -353,10 +337,13 @@ fn an_accounting_directory_others_may_write_refuses_every_allocation() {
 
 #[test]
 fn a_process_holding_a_lock_on_the_region_changes_nothing() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     let region = node.accounting.join("vgpu.accounting");
+    let Ok(()) = require(&[Need::Program("flock")]) else {
+        return;
+    };
     // `flock` opens the file read-only and holds an exclusive flock.
     let mut locker = match Command::new("flock")
         .arg("-x")
@@ -365,15 +352,12 @@ fn a_process_holding_a_lock_on_the_region_changes_nothing() {
         .spawn()
     {
         Ok(c) => c,
-        Err(e) => {
-            skip(&format!("flock: {e}; apt-get install util-linux"));
-            return;
-        }
+        Err(e) => panic!("running flock: {e}"),
     };
     std::thread::sleep(Duration::from_millis(100));
     let started = Instant::now();
     let first = hold_768(&node, &limits);
-    let second = alloc_256x4(&node, node.probe(Some(&limits)));
+    let second = alloc_256(node.probe(Some(&limits)), 4);
     let elapsed = started.elapsed();
     let _ = locker.kill();
     let _ = locker.wait();
@@ -423,15 +407,8 @@ fn the_workload_cannot_unlink_or_replace_the_region() {
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(&node.a.probe)
-        .args([
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "4",
-        ])
+        .args(ALLOC_256)
+        .arg("4")
         .env("LD_PRELOAD", &node.a.lib)
         .env("LD_LIBRARY_PATH", &node.libdir)
         .env("TESSERA_VGPU_CONFIG", &limits)
@@ -452,9 +429,9 @@ fn the_workload_cannot_unlink_or_replace_the_region() {
 
 #[test]
 fn vmm_memory_counts_until_its_last_mapping_and_reference_go() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     // The CUDA samples: release right after map; the mapping keeps the memory.
     let samples = [
         "retain 0",
@@ -466,11 +443,8 @@ fn vmm_memory_counts_until_its_last_mapping_and_reference_go() {
         "unmap va",
         "vmm after 1024 0",
     ];
-    expect_steps(&script(&node, None, &samples), &["ok"; 8]);
-    expect_steps(
-        &script(&node, Some(&limits), &samples),
-        &["ok", "ok", "ok", "ok", "ok", "oom", "ok", "ok"],
-    );
+    let expected = ["ok", "ok", "ok", "ok", "ok", "oom", "ok", "ok"];
+    script_in_slice(&node, &limits, &samples, &expected);
     // NCCL: retain the handle of a mapping, release it, release the
     // original; the mapping still holds the memory.
     let nccl = [
@@ -485,11 +459,8 @@ fn vmm_memory_counts_until_its_last_mapping_and_reference_go() {
         "address-free va",
         "vmm after 768 0",
     ];
-    expect_steps(&script(&node, None, &nccl), &["ok"; 10]);
-    expect_steps(
-        &script(&node, Some(&limits), &nccl),
-        &["ok", "ok", "ok", "ok", "ok", "ok", "ok", "oom", "ok", "ok"],
-    );
+    let expected = ["ok", "ok", "ok", "ok", "ok", "ok", "ok", "oom", "ok", "ok"];
+    script_in_slice(&node, &limits, &nccl, &expected);
     // An import of the process's own export is one more reference.
     let import = [
         "retain 0",
@@ -501,11 +472,8 @@ fn vmm_memory_counts_until_its_last_mapping_and_reference_go() {
         "release-handle mine",
         "vmm after 768 0",
     ];
-    expect_steps(&script(&node, None, &import), &["ok"; 8]);
-    expect_steps(
-        &script(&node, Some(&limits), &import),
-        &["ok", "ok", "ok", "ok", "ok", "oom", "ok", "ok"],
-    );
+    let expected = ["ok", "ok", "ok", "ok", "ok", "oom", "ok", "ok"];
+    script_in_slice(&node, &limits, &import, &expected);
 }
 
 // ---------------------------------------------------------------------------
@@ -514,9 +482,9 @@ fn vmm_memory_counts_until_its_last_mapping_and_reference_go() {
 
 #[test]
 fn what_a_pool_keeps_stays_charged_until_it_gives_it_back() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     // PyTorch's cudaMallocAsync backend: the pool keeps everything.
     let keep_all = [
         "retain 0",
@@ -531,15 +499,10 @@ fn what_a_pool_keeps_stays_charged_until_it_gives_it_back() {
         "alloc other2 600",
         "info end",
     ];
-    let native = script(&node, None, &keep_all);
-    expect_steps(&native, &["ok"; 11]);
-    let out = script(&node, Some(&limits), &keep_all);
-    expect_steps(
-        &out,
-        &[
-            "ok", "ok", "ok", "ok", "ok", "oom", "ok", "ok", "ok", "ok", "ok",
-        ],
-    );
+    let expected = [
+        "ok", "ok", "ok", "ok", "ok", "oom", "ok", "ok", "ok", "ok", "ok",
+    ];
+    let out = script_in_slice(&node, &limits, &keep_all, &expected);
     assert_eq!(
         out.num("end.free"),
         (SLICE_MIB - 600) * MIB,
@@ -564,22 +527,7 @@ fn what_a_pool_keeps_stays_charged_until_it_gives_it_back() {
 fn stream_ordered_memory_is_charged_to_the_streams_device() {
     let Some(a) = artefacts() else { return };
     let node = Node::create(a, "bench-8xh100");
-    let limits = node.limits(
-        "vgpu.json",
-        &[
-            Limit {
-                gpu: 0,
-                memory_mib: 1024,
-                sm_percent: 0,
-            },
-            Limit {
-                gpu: 1,
-                memory_mib: 512,
-                sm_percent: 0,
-            },
-        ],
-        "",
-    );
+    let limits = memory_limits(&node, &[1024, 512]);
     let steps_ = [
         "retain 0",
         "stream s1 1",
@@ -611,9 +559,9 @@ fn stream_ordered_memory_is_charged_to_the_streams_device() {
 
 #[test]
 fn memory_a_context_takes_with_it_is_given_back() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     let cases: [&[&str]; 3] = [
         // cuCtxDestroy.
         &[
@@ -644,9 +592,7 @@ fn memory_a_context_takes_with_it_is_given_back() {
         ],
     ];
     for case in cases {
-        expect_steps(&script(&node, None, case), &["ok"; 6]);
-        let out = script(&node, Some(&limits), case);
-        expect_steps(&out, &["ok"; 6]);
+        let out = script_in_slice(&node, &limits, case, &["ok"; 6]);
         assert_eq!(
             out.num("end.free"),
             (SLICE_MIB - 800) * MIB,
@@ -666,44 +612,26 @@ fn a_container_restarted_after_a_crash_finds_its_slice_free() {
     };
     // A container: a new pid namespace whose init is a shell, and the CUDA
     // program its child (pid 2, as under tini or torchrun).
-    let in_container = |args: &[&str]| {
+    let in_container = || {
         node.command(Path::new("unshare"), None)
             .args(["--pid", "--fork", "--kill-child", "--mount-proc"])
             .args(["sh", "-c", "\"$0\" \"$@\"; exit $?"])
             .arg(&node.a.probe)
-            .args(args)
+            .args(ALLOC_256)
             .env("LD_PRELOAD", &node.a.lib)
             .env("TESSERA_VGPU_CONFIG", &limits)
     };
     // The first container holds 768 MiB, and crashes.
-    let crashed = in_container(&[
-        "alloc",
-        "--api",
-        "mem_alloc",
-        "--mib",
-        "256",
-        "--count",
-        "3",
-        "--hold-secs",
-        "60",
-    ])
-    .start_holding();
+    let crashed = in_container()
+        .args(["3", "--hold-secs", "60"])
+        .start_holding();
     drop(crashed); // SIGKILL to unshare; --kill-child takes the rest
     // The restarted container, in a new pid namespace where the same pid
     // numbers mean other processes, gets the whole slice (a few tries: the
     // crashed processes take a moment to die).
     let mut tries = 0;
     loop {
-        let out = in_container(&[
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "4",
-        ])
-        .run();
+        let out = in_container().arg("4").run();
         tries += 1;
         if out.num("blocks") == 4 {
             break;
@@ -723,9 +651,9 @@ fn a_container_restarted_after_a_crash_finds_its_slice_free() {
 
 #[test]
 fn a_malloc_heap_is_charged_before_the_driver_takes_it() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     let case = [
         "retain 0",
         "heap 512",
@@ -735,17 +663,16 @@ fn a_malloc_heap_is_charged_before_the_driver_takes_it() {
         "alloc b 600",
         "info end",
     ];
-    expect_steps(&script(&node, None, &case), &["ok"; 7]);
-    let out = script(&node, Some(&limits), &case);
-    expect_steps(&out, &["ok", "ok", "oom", "oom", "ok", "ok", "ok"]);
+    let expected = ["ok", "ok", "oom", "oom", "ok", "ok", "ok"];
+    let out = script_in_slice(&node, &limits, &case, &expected);
     assert_eq!(out.num("end.free"), (SLICE_MIB - 600) * MIB);
 }
 
 #[test]
 fn a_library_loaded_with_rtld_deepbind_is_still_counted() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     let libdir = node.libdir.to_str().expect("utf-8").to_owned();
     let Some(plugin) = node.compile_c(
         "deepbind_plugin",
@@ -784,9 +711,9 @@ fn a_library_loaded_with_rtld_deepbind_is_still_counted() {
 
 #[test]
 fn every_contexts_own_memory_counts_against_the_slice() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     let holder = |label: &str| {
         let mut child = node
             .probe(Some(&limits))
@@ -868,9 +795,9 @@ fn stress_secs() -> u64 {
 
 #[test]
 fn random_processes_threads_and_kills_never_exceed_the_slice() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     let secs = stress_secs();
     let mut rng = 0x2545_F491_4F6C_DD1D_u64;
     let mut next = move || {

@@ -5,6 +5,10 @@
 
 mod common;
 
+use common::sequences::{
+    ALLOC_256, alloc_256, alloc_all_256, assert_granted, demo, demo_with_1_gib, hold_256,
+    memory_limits, preloaded,
+};
 use common::{Limit, MIB, Node, artefacts};
 
 /// Every allocation API the probe has (all but host memory, which no slice
@@ -22,23 +26,11 @@ const APIS: &[(&str, u64)] = &[
     ("mipmap", 3),
 ];
 
-fn one_gib_on_gpu0(node: &Node) -> std::path::PathBuf {
-    node.limits(
-        "vgpu.json",
-        &[Limit {
-            gpu: 0,
-            memory_mib: 1024,
-            sm_percent: 0,
-        }],
-        "",
-    )
-}
-
 #[test]
 fn every_allocation_api_stops_at_the_limit_and_gives_it_back() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib_on_gpu0(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     for &(api, fit) in APIS {
         let out = node
             .probe(Some(&limits))
@@ -73,38 +65,15 @@ fn every_allocation_api_stops_at_the_limit_and_gives_it_back() {
 
 #[test]
 fn without_the_library_the_same_allocations_succeed() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let out = node
-        .probe(None)
-        .args([
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "8",
-        ])
-        .run();
-    out.expect_success();
-    assert_eq!(out.num("blocks"), 8);
+    let Some(node) = demo() else { return };
+    alloc_all_256(node.probe(None), 8);
 }
 
 #[test]
 fn every_route_into_the_driver_stops_at_the_limit() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib_on_gpu0(&node);
-    let alloc = [
-        "alloc",
-        "--api",
-        "mem_alloc",
-        "--mib",
-        "256",
-        "--count",
-        "8",
-    ];
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     // cuGetProcAddress_v2 (a CUDA 12 runtime), cuGetProcAddress asked for
     // an 11.x ABI, and dlsym of versioned names on the dlopen handle.
     for route in [
@@ -112,7 +81,7 @@ fn every_route_into_the_driver_stops_at_the_limit() {
         vec!["--route", "proc", "--cuda-version", "11080"],
         vec!["--route", "dlsym"],
     ] {
-        let out = node.probe(Some(&limits)).args(&route).args(alloc).run();
+        let out = alloc_256(node.probe(Some(&limits)).args(&route), 8);
         assert_eq!(out.num("blocks"), 4, "route {route:?}: {}", out.describe());
         assert_eq!(out.get("result"), "CUDA_ERROR_OUT_OF_MEMORY", "{route:?}");
     }
@@ -137,31 +106,14 @@ fn every_route_into_the_driver_stops_at_the_limit() {
         .probe_linked(Some(&limits))
         .args(["alloc", "256", "8"])
         .run();
-    assert_eq!(out.num("blocks"), 4, "linked program: {}", out.describe());
+    assert_granted(&out, 4, 1024);
     assert_eq!(out.get("result"), "CUDA_ERROR_OUT_OF_MEMORY");
-    assert_eq!(out.num("mem_total_bytes"), 1024 * MIB);
 }
 
 #[test]
 fn cuda_reports_the_slice() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = node.limits(
-        "vgpu.json",
-        &[
-            Limit {
-                gpu: 0,
-                memory_mib: 1024,
-                sm_percent: 0,
-            },
-            Limit {
-                gpu: 1,
-                memory_mib: 0,
-                sm_percent: 0,
-            },
-        ],
-        "",
-    );
+    let Some(node) = demo() else { return };
+    let limits = memory_limits(&node, &[1024, 0]);
     let out = node.probe(Some(&limits)).arg("info").run();
     out.expect_success();
     assert_eq!(
@@ -193,8 +145,7 @@ fn cuda_reports_the_slice() {
 
 #[test]
 fn nvml_reports_the_slice_with_the_containers_usage() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
+    let Some(node) = demo() else { return };
     let Some(nvml) = node.compile_c("nvml_memory", "nvml_dlsym", &[]) else {
         return;
     };
@@ -206,21 +157,8 @@ fn nvml_reports_the_slice_with_the_containers_usage() {
     ) else {
         return;
     };
-    let limits = one_gib_on_gpu0(&node);
-    let holder = node
-        .probe(Some(&limits))
-        .args([
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "2",
-            "--hold-secs",
-            "30",
-        ])
-        .start_holding();
+    let limits = node.gpu0_slice(1024);
+    let holder = hold_256(&node, &limits, 2, "30");
     // dlsym on the dlopen handle (pynvml, nvidia-smi), and direct calls.
     for program in [&nvml, &linked] {
         let out = node.command(program, Some(&limits)).run();
@@ -246,112 +184,45 @@ fn nvml_reports_the_slice_with_the_containers_usage() {
 
 #[test]
 fn reordered_visible_devices_keep_each_gpu_its_own_limit() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
+    let Some(node) = demo() else { return };
     assert!(node.uuids.len() >= 2, "the demo node has two GPUs");
-    let limits = node.limits(
-        "vgpu.json",
-        &[
-            Limit {
-                gpu: 0,
-                memory_mib: 1024,
-                sm_percent: 0,
-            },
-            Limit {
-                gpu: 1,
-                memory_mib: 2048,
-                sm_percent: 0,
-            },
-        ],
-        "",
-    );
+    let limits = memory_limits(&node, &[1024, 2048]);
     let alloc = |device: &str| {
         node.probe(Some(&limits))
             .env("CUDA_VISIBLE_DEVICES", "1,0")
-            .args([
-                "alloc",
-                "--api",
-                "mem_alloc",
-                "--mib",
-                "256",
-                "--count",
-                "16",
-                "--device",
-                device,
-            ])
+            .args(ALLOC_256)
+            .args(["16", "--device", device])
             .run()
     };
     // Ordinal 0 is GPU 1 now: 2 GiB.
-    let first = alloc("0");
-    assert_eq!(
-        first.num("mem_total_bytes"),
-        2048 * MIB,
-        "{}",
-        first.describe()
-    );
-    assert_eq!(first.num("blocks"), 8, "{}", first.describe());
+    assert_granted(&alloc("0"), 8, 2048);
     // Ordinal 1 is GPU 0: 1 GiB.
-    let second = alloc("1");
-    assert_eq!(
-        second.num("mem_total_bytes"),
-        1024 * MIB,
-        "{}",
-        second.describe()
-    );
-    assert_eq!(second.num("blocks"), 4, "{}", second.describe());
+    assert_granted(&alloc("1"), 4, 1024);
 }
 
 #[test]
 fn a_mig_device_is_limited_by_its_mig_uuid() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
+    let Some(node) = demo() else { return };
     let mig = node
         .mig_uuids
         .last()
         .expect("the demo node has MIG devices")
         .clone();
     let limits = node.limits_by_uuid("vgpu.json", &[(&mig, 1024)]);
-    let out = node
-        .probe(Some(&limits))
-        .env("CUDA_VISIBLE_DEVICES", &mig)
-        .args([
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "8",
-        ])
-        .run();
-    assert_eq!(out.num("blocks"), 4, "{}", out.describe());
-    assert_eq!(out.num("mem_total_bytes"), 1024 * MIB, "{}", out.describe());
+    let probe = node.probe(Some(&limits)).env("CUDA_VISIBLE_DEVICES", &mig);
+    assert_granted(&alloc_256(probe, 8), 4, 1024);
 }
 
 #[test]
 fn hami_environment_sets_the_limit_where_there_is_no_file() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
+    let Some(node) = demo() else { return };
     // The node side makes the file HAMi's variable names (the library never does).
     let cache = node.accounting.join("hami.cache");
     tessera_vgpu::accounting::create_file(&cache).expect("region file");
-    let out = node
-        .command(&node.a.probe, None)
-        .env("LD_PRELOAD", &node.a.lib)
+    let probe = preloaded(&node)
         .env("CUDA_DEVICE_MEMORY_LIMIT_0", "512m")
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
-        .args([
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "4",
-        ])
-        .run();
-    assert_eq!(out.num("blocks"), 2, "{}", out.describe());
-    assert_eq!(out.num("mem_total_bytes"), 512 * MIB);
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache);
+    assert_granted(&alloc_256(probe, 4), 2, 512);
     assert!(
         std::fs::metadata(&cache).expect("region").len() > 0,
         "the shared region is where HAMi's variable says"
@@ -360,46 +231,20 @@ fn hami_environment_sets_the_limit_where_there_is_no_file() {
 
 #[test]
 fn environment_values_cannot_raise_a_file_limit() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib_on_gpu0(&node);
-    let out = node
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
+    let probe = node
         .probe(Some(&limits))
         .env("CUDA_DEVICE_MEMORY_LIMIT", "100g")
-        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "100g")
-        .args([
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "8",
-        ])
-        .run();
-    assert_eq!(out.num("blocks"), 4, "{}", out.describe());
-    assert_eq!(out.num("mem_total_bytes"), 1024 * MIB);
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "100g");
+    assert_granted(&alloc_256(probe, 8), 4, 1024);
 }
 
 #[test]
 fn without_any_configuration_every_call_passes_through() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let out = node
-        .command(&node.a.probe, None)
-        .env("LD_PRELOAD", &node.a.lib)
-        .args([
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "256",
-            "--count",
-            "8",
-        ])
-        .run();
-    out.expect_success();
-    assert_eq!(out.num("blocks"), 8);
+    let Some(node) = demo() else { return };
+    let out = alloc_all_256(preloaded(&node), 8);
     assert!(
         out.num("mem_total_bytes") > 1024 * MIB,
         "the physical device: {}",
@@ -414,8 +259,7 @@ fn without_any_configuration_every_call_passes_through() {
 
 #[test]
 fn a_malformed_limits_file_fails_closed_with_one_line() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
+    let Some(node) = demo() else { return };
     let broken = node.write("broken.json", r#"{"version": 1, "devices": [{"uuid": 7}]}"#);
     let out = node
         .probe(Some(&broken))
@@ -439,27 +283,18 @@ fn a_malformed_limits_file_fails_closed_with_one_line() {
 
 #[test]
 fn oversubscription_serves_the_rest_of_the_slice_from_host_memory() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
+    let Some(node) = demo() else { return };
     let device = [Limit {
         gpu: 0,
         memory_mib: 2048,
         sm_percent: 0,
     }];
     let alloc = |limits: &std::path::Path| {
-        node.probe(Some(limits))
-            // The device physically holds 512 MiB.
-            .env("TESSERA_SIM_CUDA_DEVICE_MEMORY_MIB", "512")
-            .args([
-                "alloc",
-                "--api",
-                "mem_alloc",
-                "--mib",
-                "256",
-                "--count",
-                "12",
-            ])
-            .run()
+        // The device physically holds 512 MiB.
+        let probe = node
+            .probe(Some(limits))
+            .env("TESSERA_SIM_CUDA_DEVICE_MEMORY_MIB", "512");
+        alloc_256(probe, 12)
     };
     let plain = alloc(&node.limits("plain.json", &device, ""));
     assert_eq!(

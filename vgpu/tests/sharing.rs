@@ -6,27 +6,18 @@ mod common;
 
 use std::process::Command;
 
-use common::{MIB, Node, artefacts, skip};
-
-fn one_gib(node: &Node) -> std::path::PathBuf {
-    node.gpu0_slice(1024)
-}
-
-const ALLOC_256: [&str; 6] = ["alloc", "--api", "mem_alloc", "--mib", "256", "--count"];
+use common::sequences::{alloc_256, alloc_all_256, assert_granted, demo_with_1_gib, hold_256};
+use common::{Need, Node, is_root, require};
 
 #[test]
 fn two_processes_share_one_budget() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
-    let first = node
-        .probe(Some(&limits))
-        .args(ALLOC_256)
-        .args(["3", "--hold-secs", "30"])
-        .start_holding();
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
+    let first = hold_256(&node, &limits, 3, "30");
     assert_eq!(first.output().get("blocks").map(String::as_str), Some("3"));
     // 768 MiB are taken by the first process: one block left.
-    let second = node.probe(Some(&limits)).args(ALLOC_256).arg("3").run();
+    let second = alloc_256(node.probe(Some(&limits)), 3);
     assert_eq!(second.num("blocks"), 1, "{}", second.describe());
     assert_eq!(
         second.num("mem_free_bytes"),
@@ -35,47 +26,31 @@ fn two_processes_share_one_budget() {
     );
     drop(first);
     // The first process is gone (killed): its 768 MiB come back.
-    let third = node.probe(Some(&limits)).args(ALLOC_256).arg("4").run();
+    let third = alloc_256(node.probe(Some(&limits)), 4);
     assert_eq!(third.num("blocks"), 4, "{}", third.describe());
 }
 
 #[test]
 fn a_process_that_exits_normally_returns_its_memory() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
-    let first = node
-        .probe(Some(&limits))
-        .args(ALLOC_256)
-        .args(["4", "--hold-secs", "0.2"])
-        .start_holding();
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
+    let first = hold_256(&node, &limits, 4, "0.2");
     first.wait().expect_success();
-    let second = node.probe(Some(&limits)).args(ALLOC_256).arg("4").run();
-    second.expect_success();
-    assert_eq!(second.num("blocks"), 4);
+    alloc_all_256(node.probe(Some(&limits)), 4);
 }
 
 #[test]
 fn a_killed_processes_memory_returns_to_the_budget() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
-    let mut holder = node
-        .probe(Some(&limits))
-        .args(ALLOC_256)
-        .args(["4", "--hold-secs", "60"])
-        .start_holding();
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
+    let mut holder = hold_256(&node, &limits, 4, "60");
     // SIGKILL: no free, no exit handler; its charges stay in the region.
     holder.child.kill().expect("kill -9");
     let _ = holder.child.wait();
-    let out = node.probe(Some(&limits)).args(ALLOC_256).arg("4").run();
-    out.expect_success();
-    assert_eq!(
-        out.num("blocks"),
-        4,
-        "the dead process's 1 GiB was reclaimed: {}",
-        out.describe()
-    );
+    // The dead process's 1 GiB was reclaimed.
+    alloc_all_256(node.probe(Some(&limits)), 4);
 }
 
 /// Runs `script` (sh) as root in a private mount namespace, where
@@ -86,25 +61,26 @@ fn in_container_namespace(
     limits: &std::path::Path,
     script: &str,
 ) -> Option<common::Output> {
-    if !common::is_root() {
-        skip(
-            "the container-file test needs root (a private mount namespace with a tmpfs on /usr/local)",
-        );
-        return None;
-    }
+    require(&[Need::condition(
+        is_root(),
+        "root: the container-file test needs a private mount namespace with a tmpfs on /usr/local",
+        "run as root",
+    )])
+    .ok()?;
     let probe = Command::new("unshare")
         .args(["-m", "--propagation", "private", "true"])
         .output();
-    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
-        skip(&format!(
-            "unshare -m does not work here ({}); install util-linux or run with CAP_SYS_ADMIN",
-            probe.map_or_else(
-                |e| e.to_string(),
-                |o| String::from_utf8_lossy(&o.stderr).into_owned()
-            )
-        ));
-        return None;
-    }
+    let works = probe.as_ref().is_ok_and(|o| o.status.success());
+    let why = probe.map_or_else(
+        |e| e.to_string(),
+        |o| String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+    );
+    require(&[Need::condition(
+        works,
+        format!("unshare -m working ({why})"),
+        "install util-linux or run with CAP_SYS_ADMIN",
+    )])
+    .ok()?;
     let setup = "set -e; mount -t tmpfs tessera-test /usr/local; mkdir -p /usr/local/tessera; \
                  cp \"$LIMITS\" /usr/local/tessera/vgpu.json; ";
     let out = node
@@ -121,9 +97,9 @@ fn in_container_namespace(
 
 #[test]
 fn a_child_started_with_env_i_keeps_the_container_files_limit() {
-    let Some(a) = artefacts() else { return };
-    let node = Node::create(a, "demo");
-    let limits = one_gib(&node);
+    let Some((node, limits)) = demo_with_1_gib() else {
+        return;
+    };
     // `env -i` drops everything; the loader still needs the preload and the
     // node's libcuda (on a real node: /etc/ld.so.preload and the system
     // library path); the limits come from the file alone. A HAMi variable
@@ -134,8 +110,7 @@ fn a_child_started_with_env_i_keeps_the_container_files_limit() {
     let Some(out) = in_container_namespace(&node, &limits, script) else {
         return;
     };
-    assert_eq!(out.num("blocks"), 4, "{}", out.describe());
-    assert_eq!(out.num("mem_total_bytes"), 1024 * MIB, "{}", out.describe());
+    assert_granted(&out, 4, 1024);
     assert!(
         !std::path::Path::new("/usr/local/tessera/vgpu.json").exists(),
         "the test's file stayed in its namespace"

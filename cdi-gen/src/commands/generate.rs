@@ -2,11 +2,12 @@
 
 use std::path::PathBuf;
 
-use tessera_model::edits::{DEFAULT_HOOK_PATH, HOOK_PATH_ENV, HookSettings};
+use tessera_model::contract;
+use tessera_model::edits::HookSettings;
 
 use super::NodeArgs;
+use crate::CdiGenError;
 use crate::writer::{self, Format};
-use crate::{CdiGenError, DEFAULT_STATIC_SPEC_PATH};
 
 /// Arguments of `generate`.
 #[derive(Debug, Clone, clap::Args)]
@@ -15,13 +16,13 @@ pub struct GenerateArgs {
     /// Where the node is.
     pub node: NodeArgs,
     /// Spec file to write (atomically, mode 0644); `-` writes to standard output.
-    #[arg(long, short, value_name = "FILE", default_value = DEFAULT_STATIC_SPEC_PATH)]
+    #[arg(long, short, value_name = "FILE", default_value = contract::cdi::STATIC_SPEC_PATH)]
     pub output: PathBuf,
     /// Output format.
     #[arg(long, value_enum, default_value = "json")]
     pub format: Format,
     /// Host path of the hook binary named in the spec.
-    #[arg(long, value_name = "FILE", default_value = DEFAULT_HOOK_PATH)]
+    #[arg(long, value_name = "FILE", default_value = contract::hook::BINARY_PATH)]
     pub hook_path: String,
     /// `hook.toml` the hook reads, written into its args as `--config FILE`
     /// (a node whose CDI or state directory is not the default needs one).
@@ -59,7 +60,7 @@ pub fn run(args: &GenerateArgs) -> Result<Generated, CdiGenError> {
     let facts = crate::discover_node(&args.node.driver_root, args.node.nvml_lib.as_deref())?;
     let hook = HookSettings {
         path: args.hook_path.clone(),
-        env: vec![HOOK_PATH_ENV.to_owned()],
+        env: vec![contract::hook::PATH_ENV.to_owned()],
         config: args.hook_config.clone(),
     };
     let spec = crate::static_spec(&facts, &hook)?;

@@ -2,10 +2,11 @@
 
 use std::fmt::Write;
 
-use tessera_model::facts::NodeFacts;
+use tessera_model::contract::cdi::{GPU_KIND, mig_device_name};
+use tessera_model::facts::{GpuFacts, NodeFacts};
 
 use super::NodeArgs;
-use crate::{CdiGenError, STATIC_KIND};
+use crate::CdiGenError;
 
 /// Arguments of `list`.
 #[derive(Debug, Clone, clap::Args)]
@@ -35,19 +36,19 @@ pub fn table(facts: &NodeFacts) -> String {
     for gpu in &facts.gpus {
         if gpu.info.mig_enabled() {
             if gpu.mig_devices.is_empty() {
-                rows.push([
-                    format!("{STATIC_KIND}={} (MIG on)", gpu.info.index),
-                    gpu.info.uuid.clone(),
-                    gpu.info.name.clone(),
-                    mib(gpu.info.memory_mib),
-                    "-".into(),
+                rows.push(gpu_row(
+                    gpu,
+                    format!("{GPU_KIND}={} (MIG on)", gpu.info.index),
                     "no MIG devices".into(),
-                ]);
+                ));
             }
             for mig in &gpu.mig_devices {
                 let d = &mig.device;
                 rows.push([
-                    format!("{STATIC_KIND}={}:{}", gpu.info.index, d.mig_index),
+                    format!(
+                        "{GPU_KIND}={}",
+                        mig_device_name(gpu.info.index, d.mig_index)
+                    ),
                     d.uuid.clone(),
                     format!(
                         "{} (GI {}, CI {})",
@@ -63,14 +64,11 @@ pub fn table(facts: &NodeFacts) -> String {
                 ]);
             }
         } else {
-            rows.push([
-                format!("{STATIC_KIND}={}", gpu.info.index),
-                gpu.info.uuid.clone(),
-                gpu.info.name.clone(),
-                mib(gpu.info.memory_mib),
-                "-".into(),
+            rows.push(gpu_row(
+                gpu,
+                format!("{GPU_KIND}={}", gpu.info.index),
                 gpu.node.container_path.clone(),
-            ]);
+            ));
         }
     }
     let widths: Vec<usize> = (0..6)
@@ -98,6 +96,18 @@ pub fn table(facts: &NodeFacts) -> String {
             .join(" ")
     );
     out
+}
+
+/// A whole GPU's row: no placement.
+fn gpu_row(gpu: &GpuFacts, device: String, nodes: String) -> [String; 6] {
+    [
+        device,
+        gpu.info.uuid.clone(),
+        gpu.info.name.clone(),
+        mib(gpu.info.memory_mib),
+        "-".into(),
+        nodes,
+    ]
 }
 
 fn mib(value: u64) -> String {

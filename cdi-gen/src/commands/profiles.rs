@@ -253,15 +253,7 @@ mod tests {
             .profiles
             .iter()
             .map(|c| ReportedProfile {
-                info: GpuInstanceProfileInfo {
-                    id: c.id,
-                    enum_index: c.enum_index,
-                    name: c.name.to_owned(),
-                    slice_count: c.compute_slices,
-                    memory_mib: c.memory_mib,
-                    multiprocessor_count: c.sm_count,
-                    instance_count: c.max_instances,
-                },
+                info: tessera_driver::fake::profile_info(c),
                 placements: c.placements().collect(),
             })
             .collect()

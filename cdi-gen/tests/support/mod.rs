@@ -1,35 +1,34 @@
-//! Shared helpers of the `tessera-cdi` integration tests.
+//! Helpers of the `tessera-cdi` integration tests; simulated nodes and the
+//! prerequisite rule come from `tessera-test-support`.
+#![allow(dead_code, reason = "each test file uses a different part")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// A workspace build output next to this package's binary (`target/<profile>/`).
-pub fn artefact(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_BIN_EXE_tessera-cdi"))
-        .parent()
-        .expect("target dir")
-        .to_owned();
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the workspace first (cargo test --workspace builds it)",
-        path.display()
-    );
-    path
+use tessera_test_support::node::SimNode;
+use tessera_test_support::require;
+
+/// Whether simulated nodes can be built here (root for the device nodes, the
+/// stand-ins built); prints and records the skip, or fails under CI, when not.
+pub fn can_build_nodes() -> bool {
+    require(&SimNode::profile("demo").needs()).is_ok()
 }
 
-/// Builds a simulated node from a shipped profile.
+/// A simulated node of a shipped profile at `<temp dir>/node`; `None` after
+/// a skip where nodes cannot be built.
+pub fn node(profile: &str) -> Option<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let root = dir.path().join("node");
+    SimNode::profile(profile).at(&root).build().ok()?;
+    Some((dir, root))
+}
+
+/// Builds a simulated node from a shipped profile at `root`, after
+/// [`can_build_nodes`].
 pub fn create_node(profile: &str, root: &Path) {
-    let out = Command::new(artefact("tessera-sim"))
-        .args(["create", "--profile", profile, "--root"])
-        .arg(root)
-        .output()
-        .expect("spawn tessera-sim");
-    assert!(
-        out.status.success(),
-        "tessera-sim create {profile}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Err(skip) = SimNode::profile(profile).at(root).build() {
+        panic!("call can_build_nodes first: {}", skip.reason);
+    }
 }
 
 /// Runs `tessera-cdi` with arguments.

@@ -1,6 +1,7 @@
-//! Shared helpers of the hook's integration tests: the static hook binary, a
-//! fixture directory (CDI dir, state dir, hook.toml, bundle), and runs of the
-//! binary with an OCI state on stdin.
+//! Helpers of the hook's own integration tests: a fixture directory (CDI
+//! dir, state dir, hook.toml, bundle) and runs of the static binary with an
+//! OCI state on stdin. The binary, the prerequisite rule and busybox come
+//! from `tessera-test-support`.
 #![allow(dead_code)]
 
 use std::fs;
@@ -8,46 +9,10 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use serde_json::{Value, json};
-
-/// The statically linked hook, built once per test process with
-/// `hook/scripts/build-static.sh debug` (or taken from `TESSERA_HOOK_BIN`).
-pub fn hook_binary() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("TESSERA_HOOK_BIN") {
-            return PathBuf::from(bin);
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-static.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg("debug")
-            .env("CARGO", env!("CARGO"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("running hook/scripts/build-static.sh");
-        assert!(out.status.success(), "build-static.sh failed");
-        let path = PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim());
-        assert!(path.is_file(), "{} was not built", path.display());
-        path
-    })
-}
-
-/// Whether the tests run as root (the hook's trust checks and mknod need it).
-pub fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
-/// Prints why a test is skipped and returns true when not root.
-pub fn skip_unless_root(test: &str) -> bool {
-    if is_root() {
-        return false;
-    }
-    eprintln!("SKIP {test}: needs root (trust checks, mknod, mount namespaces)");
-    true
-}
+#[allow(unused_imports, reason = "each test file uses a different part")]
+pub use tessera_test_support::{Need, hook_binary, require};
 
 /// A temporary tree: `cdi/`, `state/`, `hook.toml`, `bundle/` (config.json + rootfs/).
 pub struct Fixture {

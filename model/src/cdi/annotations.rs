@@ -18,14 +18,9 @@ use std::fmt::Write as _;
 use super::ALLOC_KIND;
 use super::name::{NameError, QualifiedName};
 
-/// The prefix of every CDI annotation key.
-pub const ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
-
-/// The most characters allowed after [`ANNOTATION_PREFIX`].
-pub const MAX_ANNOTATION_NAME_LEN: usize = 63;
-
-/// The plugin part of Tessera's annotation keys.
-pub const TESSERA_PLUGIN: &str = "tessera";
+pub use crate::contract::cdi::{
+    ANNOTATION_PLUGIN as TESSERA_PLUGIN, ANNOTATION_PREFIX, MAX_ANNOTATION_NAME_LEN,
+};
 
 /// Length of the hash suffix [`annotation_key_shortened`] appends (hex digits).
 const HASH_LEN: usize = 16;

@@ -167,14 +167,8 @@ mod tests {
         }
     }
 
-    fn node(path: &str, minor: i64) -> DeviceNode {
-        DeviceNode {
-            path: path.into(),
-            node_type: Some("c".into()),
-            major: Some(195),
-            minor: Some(minor),
-            ..Default::default()
-        }
+    fn node(path: &str, minor: u32) -> DeviceNode {
+        DeviceNode::char(path, 195, minor)
     }
 
     fn mount(host: &str, container: &str) -> Mount {
@@ -269,32 +263,27 @@ mod tests {
             path: p.into(),
             ..Default::default()
         };
-        let mut a = ContainerEdits {
-            hooks: vec![hook("/a")],
-            additional_gids: vec![44],
+        // Edits with the given hooks and gids, an RDT class and a net device named by `n`.
+        let edits = |hooks: Vec<Hook>, gids: Vec<u32>, clos: &str, net: &str| ContainerEdits {
+            hooks,
+            additional_gids: gids,
             intel_rdt: Some(IntelRdt {
-                clos_id: Some("one".into()),
+                clos_id: Some(clos.into()),
                 ..Default::default()
             }),
             net_devices: vec![NetDevice {
                 host_interface_name: "eth1".into(),
-                name: "net0".into(),
+                name: net.into(),
             }],
             ..Default::default()
         };
-        let b = ContainerEdits {
-            hooks: vec![hook("/a"), hook("/b")],
-            additional_gids: vec![0, 44, 45, 45],
-            intel_rdt: Some(IntelRdt {
-                clos_id: Some("two".into()),
-                ..Default::default()
-            }),
-            net_devices: vec![NetDevice {
-                host_interface_name: "eth1".into(),
-                name: "net1".into(),
-            }],
-            ..Default::default()
-        };
+        let mut a = edits(vec![hook("/a")], vec![44], "one", "net0");
+        let b = edits(
+            vec![hook("/a"), hook("/b")],
+            vec![0, 44, 45, 45],
+            "two",
+            "net1",
+        );
         a.append(&b);
         assert_eq!(a.hooks, [hook("/a"), hook("/a"), hook("/b")]);
         assert_eq!(a.additional_gids, [44, 45]);

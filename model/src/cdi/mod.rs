@@ -1,10 +1,10 @@
 //! CDI (Container Device Interface) spec types and rules.
 //!
-//! - [`spec`]: the spec file types, strict on read, and [`Spec::new`], which
-//!   validates and stamps the minimum `cdiVersion`;
+//! - [`spec`]: the spec file types, strict on read, and [`SpecProblem`];
 //! - [`name`]: vendor, class, kind and device names, and qualified names;
 //! - [`version`]: known versions and the minimum version a spec needs;
-//! - [`validate`]: every problem of a spec, each naming its field;
+//! - [`validate`]: every problem of a spec, each naming its field, and
+//!   [`Spec::new`], which validates and stamps the minimum `cdiVersion`;
 //! - [`merge`]: folding container edits the way runtimes apply them;
 //! - [`annotations`]: the `cdi.k8s.io/…` annotation form;
 //! - [`transient`]: what a `tessera.io/alloc` spec must carry for the hook
@@ -29,19 +29,11 @@ pub use merge::DeviceCgroupRule;
 pub use name::{Class, DeviceName, Kind, NameError, QualifiedName, Vendor};
 pub use spec::{
     ContainerEdits, Device, DeviceNode, HOOK_NAMES, Hook, IntelRdt, Mount, NetDevice, Spec,
-    SpecError,
+    SpecError, SpecProblem,
 };
-pub use validate::SpecProblem;
 pub use version::{CdiVersion, VersionError, minimum_version};
 
-/// Tessera's CDI vendor.
-pub const VENDOR: &str = "tessera.io";
-
-/// The kind of Tessera's static per-node spec.
-pub const GPU_KIND: &str = "tessera.io/gpu";
-
-/// The kind of Tessera's transient per-allocation specs.
-pub const ALLOC_KIND: &str = "tessera.io/alloc";
+pub use crate::contract::cdi::{ALLOC_KIND, GPU_KIND, VENDOR};
 
 #[cfg(test)]
 mod tests {

@@ -4,9 +4,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::validate::SpecProblem;
-use super::version::minimum_version;
-
 /// A CDI spec file: one `vendor/class` and its devices.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -114,6 +111,21 @@ pub struct DeviceNode {
     pub gid: Option<u32>,
 }
 
+impl DeviceNode {
+    /// A character device at `path` with its numbers, everything else left to
+    /// the runtime (host path = `path`, the host node's mode and owner, `rwm`).
+    /// Type and numbers let a runtime create the node where the host has none.
+    pub fn char(path: impl Into<String>, major: u32, minor: u32) -> DeviceNode {
+        DeviceNode {
+            path: path.into(),
+            node_type: Some("c".to_owned()),
+            major: Some(i64::from(major)),
+            minor: Some(i64::from(minor)),
+            ..DeviceNode::default()
+        }
+    }
+}
+
 /// A mount to add to the container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -190,6 +202,16 @@ pub const HOOK_NAMES: [&str; 6] = [
     "poststop",
 ];
 
+/// One problem in a spec: the JSON path of the field and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct SpecProblem {
+    /// JSON path of the offending field, e.g. `devices[0].containerEdits.env[1]`.
+    pub path: String,
+    /// What is wrong, naming the offending value.
+    pub message: String,
+}
+
 /// A spec could not be built because its content is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
@@ -209,37 +231,6 @@ fn join_problems(problems: &[SpecProblem]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-impl Spec {
-    /// Builds a spec of `kind` with `devices` and spec-level `container_edits`,
-    /// validates it, and sets `cdi_version` to the minimum its content needs, so
-    /// the oldest runtimes that can load it will.
-    pub fn new(
-        kind: &str,
-        devices: Vec<Device>,
-        container_edits: ContainerEdits,
-    ) -> Result<Spec, SpecError> {
-        let mut spec = Spec {
-            cdi_version: String::new(),
-            kind: kind.to_owned(),
-            annotations: BTreeMap::new(),
-            devices,
-            container_edits,
-        };
-        spec.cdi_version = minimum_version(&spec).to_string();
-        spec.validate().map_err(|problems| SpecError::Invalid {
-            kind: kind.to_owned(),
-            problems,
-        })?;
-        Ok(spec)
-    }
-
-    /// Sets `cdi_version` to the minimum the content needs, after a change made
-    /// through the public fields (annotations, say); [`Spec::validate`] checks the rest.
-    pub fn set_minimum_version(&mut self) {
-        self.cdi_version = minimum_version(self).to_string();
-    }
 }
 
 impl Device {

@@ -18,12 +18,13 @@
 //! NVIDIAScape reached a dynamically linked hook.
 
 use super::ALLOC_KIND;
+use super::spec::SpecProblem;
 use super::spec::{ContainerEdits, Hook, Spec};
-use super::validate::{Problems, SpecProblem};
+use super::validate::Problems;
 use crate::alloc::{ALLOC_ID_ENV, AllocId};
 
 /// The hook binary's file name, whatever directory a spec names.
-pub const HOOK_BINARY_NAME: &str = "tessera-hook";
+pub use crate::contract::hook::BINARY_NAME as HOOK_BINARY_NAME;
 /// The stage at which the hook binds a container to its allocation.
 pub const BIND_STAGE: &str = "createContainer";
 /// The hook verb that binds.
@@ -281,10 +282,10 @@ mod tests {
         let mut other = hook("createContainer", "prestart", true);
         other.path = "/usr/bin/nvidia-ctk".into();
         spec.devices[0].container_edits.hooks = vec![other, hook("poststop", "poststop", true)];
+        let m = messages(&spec);
         assert!(
-            messages(&spec)
-                .iter()
-                .any(|l| l.contains("no createContainer hook"))
+            m.iter().any(|l| l.contains("no createContainer hook")),
+            "{m:?}"
         );
     }
 
@@ -298,10 +299,11 @@ mod tests {
         let mut two = complete();
         two.devices.push(two.devices[0].clone());
         two.devices[1].name = "other-0".into();
+        let m = messages(&two);
         assert!(
-            messages(&two)
-                .iter()
-                .any(|l| l.starts_with("devices: a tessera.io/alloc spec has exactly one device"))
+            m.iter()
+                .any(|l| l.starts_with("devices: a tessera.io/alloc spec has exactly one device")),
+            "{m:?}"
         );
     }
 

@@ -26,18 +26,11 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 
 use super::name::{validate_device_name, validate_kind};
-use super::spec::{ContainerEdits, DeviceNode, HOOK_NAMES, Hook, IntelRdt, Mount, Spec};
-use super::version::{CdiVersion, version_requirement};
-
-/// One problem in a spec: the JSON path of the field and what is wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{path}: {message}")]
-pub struct SpecProblem {
-    /// JSON path of the offending field, e.g. `devices[0].containerEdits.env[1]`.
-    pub path: String,
-    /// What is wrong, naming the offending value.
-    pub message: String,
-}
+use super::spec::SpecProblem;
+use super::spec::{
+    ContainerEdits, Device, DeviceNode, HOOK_NAMES, Hook, IntelRdt, Mount, Spec, SpecError,
+};
+use super::version::{CdiVersion, minimum_version, version_requirement};
 
 /// Total size limit of one annotation map, keys plus values, as in Kubernetes.
 pub const ANNOTATIONS_SIZE_LIMIT: usize = 256 * 1024;
@@ -68,6 +61,39 @@ fn join(prefix: &str, field: &str) -> String {
         field.to_owned()
     } else {
         format!("{prefix}.{field}")
+    }
+}
+
+// Building a spec validates it and stamps its version, so it sits here, above
+// both `spec` (the types) and `version`.
+impl Spec {
+    /// Builds a spec of `kind` with `devices` and spec-level `container_edits`,
+    /// validates it, and sets `cdi_version` to the minimum its content needs, so
+    /// the oldest runtimes that can load it will.
+    pub fn new(
+        kind: &str,
+        devices: Vec<Device>,
+        container_edits: ContainerEdits,
+    ) -> Result<Spec, SpecError> {
+        let mut spec = Spec {
+            cdi_version: String::new(),
+            kind: kind.to_owned(),
+            annotations: BTreeMap::new(),
+            devices,
+            container_edits,
+        };
+        spec.cdi_version = minimum_version(&spec).to_string();
+        spec.validate().map_err(|problems| SpecError::Invalid {
+            kind: kind.to_owned(),
+            problems,
+        })?;
+        Ok(spec)
+    }
+
+    /// Sets `cdi_version` to the minimum the content needs, after a change made
+    /// through the public fields (annotations, say); [`Spec::validate`] checks the rest.
+    pub fn set_minimum_version(&mut self) {
+        self.cdi_version = minimum_version(self).to_string();
     }
 }
 
@@ -358,12 +384,8 @@ mod tests {
         let edits = ContainerEdits {
             env: vec!["NVIDIA_VISIBLE_DEVICES=void".into()],
             device_nodes: vec![DeviceNode {
-                path: "/dev/nvidia0".into(),
-                node_type: Some("c".into()),
-                major: Some(195),
-                minor: Some(0),
                 permissions: Some("rw".into()),
-                ..Default::default()
+                ..DeviceNode::char("/dev/nvidia0", 195, 0)
             }],
             ..Default::default()
         };

@@ -233,6 +233,14 @@ mod tests {
         }
     }
 
+    /// The minimum version of a one-device spec whose device edits are
+    /// [`env_only`] with `change` applied.
+    fn needed_with(change: impl FnOnce(&mut ContainerEdits)) -> CdiVersion {
+        let mut edits = env_only();
+        change(&mut edits);
+        minimum_version(&spec_with("tessera.io/gpu", "all", edits))
+    }
+
     #[test]
     fn versions_parse_display_and_order() {
         for v in CdiVersion::ALL {
@@ -261,20 +269,18 @@ mod tests {
 
     #[test]
     fn mount_type_needs_0_4_0() {
-        let mut edits = env_only();
-        edits.mounts.push(Mount {
+        let mount = |mount_type: &str| Mount {
             host_path: "/a".into(),
             container_path: "/b".into(),
             options: vec![],
-            mount_type: Some("bind".into()),
-        });
+            mount_type: Some(mount_type.into()),
+        };
         assert_eq!(
-            minimum_version(&spec_with("tessera.io/gpu", "all", edits.clone())),
+            needed_with(|e| e.mounts.push(mount("bind"))),
             CdiVersion::V0_4_0
         );
-        edits.mounts[0].mount_type = Some(String::new());
         assert_eq!(
-            minimum_version(&spec_with("tessera.io/gpu", "all", edits)),
+            needed_with(|e| e.mounts.push(mount(""))),
             CdiVersion::V0_3_0,
             "an empty type is absent, as in the Go library"
         );
@@ -295,10 +301,8 @@ mod tests {
             host_path: Some("/dev/nvidia1".into()),
             ..Default::default()
         };
-        let mut edits = env_only();
-        edits.device_nodes.push(node.clone());
         assert_eq!(
-            minimum_version(&spec_with("tessera.io/gpu", "all", edits)),
+            needed_with(|e| e.device_nodes.push(node.clone())),
             CdiVersion::V0_5_0
         );
         let mut spec = spec_with("tessera.io/gpu", "all", env_only());
@@ -329,10 +333,8 @@ mod tests {
 
     #[test]
     fn additional_gids_or_intel_rdt_need_0_7_0() {
-        let mut edits = env_only();
-        edits.additional_gids.push(44);
         assert_eq!(
-            minimum_version(&spec_with("tessera.io/gpu", "all", edits)),
+            needed_with(|e| e.additional_gids.push(44)),
             CdiVersion::V0_7_0
         );
         let mut spec = spec_with("tessera.io/gpu", "all", env_only());
@@ -345,33 +347,25 @@ mod tests {
 
     #[test]
     fn net_devices_or_new_intel_rdt_fields_need_1_1_0() {
-        let mut edits = env_only();
-        edits.net_devices.push(NetDevice {
+        let net_device = NetDevice {
             host_interface_name: "eth1".into(),
             name: "net0".into(),
-        });
+        };
         assert_eq!(
-            minimum_version(&spec_with("tessera.io/gpu", "all", edits)),
+            needed_with(|e| e.net_devices.push(net_device)),
             CdiVersion::V1_1_0
         );
-        let mut edits = env_only();
-        edits.intel_rdt = Some(IntelRdt {
+        let schemata = IntelRdt {
             schemata: Some(vec![]),
             ..Default::default()
-        });
-        assert_eq!(
-            minimum_version(&spec_with("tessera.io/gpu", "all", edits)),
-            CdiVersion::V1_1_0
-        );
-        let mut edits = env_only();
-        edits.intel_rdt = Some(IntelRdt {
+        };
+        let monitoring = IntelRdt {
             enable_monitoring: true,
             ..Default::default()
-        });
-        assert_eq!(
-            minimum_version(&spec_with("tessera.io/gpu", "all", edits)),
-            CdiVersion::V1_1_0
-        );
+        };
+        for rdt in [schemata, monitoring] {
+            assert_eq!(needed_with(|e| e.intel_rdt = Some(rdt)), CdiVersion::V1_1_0);
+        }
     }
 
     #[test]

@@ -33,7 +33,8 @@ pub struct MigSpec {
     pub axis_len: u32,
     /// Most MIG devices the GPU can hold at once (`nvmlDeviceGetMaxMigDeviceCount`).
     pub max_mig_devices: u32,
-    /// GPU-instance profiles, in NVML enum order.
+    /// GPU-instance profiles, grouped by size (NVML enumerates them by enum
+    /// index: see [`MigSpec::profile_by_enum`]).
     pub profiles: &'static [GiProfileSpec],
 }
 
@@ -127,6 +128,22 @@ pub fn find_by_product_name(name: &str) -> Option<&'static GpuModelSpec> {
         .find(|m| m.product_name.eq_ignore_ascii_case(name))
 }
 
+/// The compute-instance profile (`NVML_COMPUTE_INSTANCE_PROFILE_*`, which is
+/// also its id) of the compute instance that spans a whole GPU instance of
+/// `compute_slices` compute slices; `None` for a count no CI profile has.
+pub fn whole_ci_profile(compute_slices: u32) -> Option<u32> {
+    match compute_slices {
+        1 => Some(0),
+        2 => Some(1),
+        3 => Some(2),
+        4 => Some(3),
+        7 => Some(4),
+        8 => Some(5),
+        6 => Some(6),
+        _ => None,
+    }
+}
+
 // NVML_GPU_INSTANCE_PROFILE_* enum indexes used below.
 const E_1: u32 = 0;
 const E_2: u32 = 1;
@@ -151,18 +168,38 @@ const S_2G: &[u32] = &[0, 2, 4];
 const S_3G: &[u32] = &[0, 4];
 const S_0: &[u32] = &[0];
 
+/// The seven profile names of the A100/H100 family layout, in the order
+/// [`a100_layout`] takes them, from the GB in the names of its 1g, 1g double
+/// memory (and 2g), 3g (and 4g) and 7g profiles.
+macro_rules! a100_names {
+    ($g1:literal, $g2:literal, $g4:literal, $g7:literal) => {
+        [
+            concat!("1g.", $g1, "gb"),
+            concat!("1g.", $g1, "gb+me"),
+            concat!("1g.", $g2, "gb"),
+            concat!("2g.", $g2, "gb"),
+            concat!("3g.", $g4, "gb"),
+            concat!("4g.", $g4, "gb"),
+            concat!("7g.", $g7, "gb"),
+        ]
+    };
+}
+
+/// SMs of 1g, 1g double memory, 2g, 3g, 4g and 7g on the A100 (108-SM die).
+const SM_A100: [u32; 6] = [14, 14, 28, 42, 56, 98];
+/// SMs of 1g, 1g double memory, 2g, 3g, 4g and 7g on the H100/H200 (132 SMs).
+const SM_H100: [u32; 6] = [16, 26, 32, 60, 64, 132];
+
 /// Builds the seven profiles of the A100/H100 family layout (8-slice axis).
-/// Arguments: name, memory MiB and SMs for 1g, 1g double memory, 2g, 3g, 4g, 7g.
-#[allow(clippy::too_many_arguments)]
+/// Arguments: the names ([`a100_names`]); memory MiB of 1g, 1g double memory
+/// (= 2g), 3g (= 4g) and 7g; SMs of 1g, 1g double memory, 2g, 3g, 4g and 7g.
 const fn a100_layout(
     names: [&'static str; 7],
-    mem_1g: u64,
-    mem_1g_double: u64,
-    mem_half: u64,
-    mem_full: u64,
+    memory: [u64; 4],
     sm: [u32; 6],
 ) -> [GiProfileSpec; 7] {
     let [n1, n1me, n1d, n2, n3, n4, n7] = names;
+    let [mem_1g, mem_1g_double, mem_half, mem_full] = memory;
     let [sm1, sm1d, sm2, sm3, sm4, sm7] = sm;
     [
         gi(n1, 19, E_1, 1, 1, mem_1g, sm1, 7, S_1G),
@@ -200,79 +237,38 @@ const fn gi(
     }
 }
 
-/// A100-SXM4-40GB / PCIe 40GB: everything verified (mig.md). Memory per
-/// nvidia-smi: 4.75 / 9.62 / 19.62 / 39.5 GiB.
+/// A100-SXM4-40GB / PCIe 40GB: names, ids, placements, SMs and instance
+/// counts verified (mig.md). Memory as nvidia-smi shows it: ≈ 4.75 / 9.62 /
+/// 19.62 / 39.25–39.5 GiB (mig.md). The exact MiB are **inferred**, read off
+/// those GiB figures (4864 = 4.75 GiB, 9856 = 9.625, 20096 = 19.625, 40448 =
+/// 39.5 GiB, the top of the 7g range); no output seen confirms them.
 const A100_40GB: [GiProfileSpec; 7] = a100_layout(
-    [
-        "1g.5gb",
-        "1g.5gb+me",
-        "1g.10gb",
-        "2g.10gb",
-        "3g.20gb",
-        "4g.20gb",
-        "7g.40gb",
-    ],
-    4864,
-    9856,
-    20096,
-    40448,
-    [14, 14, 28, 42, 56, 98],
+    a100_names!(5, 10, 20, 40),
+    [4864, 9856, 20096, 40448],
+    SM_A100,
 );
 
 /// A100-80GB: names and memory verified; ids, placements and SMs inferred = A100-40GB.
 const A100_80GB: [GiProfileSpec; 7] = a100_layout(
-    [
-        "1g.10gb",
-        "1g.10gb+me",
-        "1g.20gb",
-        "2g.20gb",
-        "3g.40gb",
-        "4g.40gb",
-        "7g.80gb",
-    ],
-    9728,
-    19968,
-    40192,
-    80896,
-    [14, 14, 28, 42, 56, 98],
+    a100_names!(10, 20, 40, 80),
+    [9728, 19968, 40192, 80896],
+    SM_A100,
 );
 
 /// H100 80GB SXM5: names, ids, placements, SMs verified. Memory ≈ 9.75 / 19.62 /
 /// 39.5 / 79.25 GiB. The +me SM count is inferred = 1g.
 const H100_80GB: [GiProfileSpec; 7] = a100_layout(
-    [
-        "1g.10gb",
-        "1g.10gb+me",
-        "1g.20gb",
-        "2g.20gb",
-        "3g.40gb",
-        "4g.40gb",
-        "7g.80gb",
-    ],
-    9984,
-    20096,
-    40448,
-    81152,
-    [16, 26, 32, 60, 64, 132],
+    a100_names!(10, 20, 40, 80),
+    [9984, 20096, 40448, 81152],
+    SM_H100,
 );
 
 /// H100 94GB NVL: names, ids, placements verified (same as H100 80GB); memory ≈
 /// 10.75 / 21.62 / 46.38 / 93.12 GiB; SMs inferred = H100 80GB SXM5.
 const H100_94GB: [GiProfileSpec; 7] = a100_layout(
-    [
-        "1g.12gb",
-        "1g.12gb+me",
-        "1g.24gb",
-        "2g.24gb",
-        "3g.47gb",
-        "4g.47gb",
-        "7g.94gb",
-    ],
-    11008,
-    22144,
-    47488,
-    95360,
-    [16, 26, 32, 60, 64, 132],
+    a100_names!(12, 24, 47, 94),
+    [11008, 22144, 47488, 95360],
+    SM_H100,
 );
 
 /// H200 141GB: ids 19/20/14/0 verified, 15/9/5 and placements inferred = H100.
@@ -280,39 +276,17 @@ const H100_94GB: [GiProfileSpec; 7] = a100_layout(
 /// inferred = 2g; 3g/4g (66.5 GiB) inferred. SMs verified for 1g/2g/7g
 /// (16/32/132), the rest inferred = H100.
 const H200_141GB: [GiProfileSpec; 7] = a100_layout(
-    [
-        "1g.18gb",
-        "1g.18gb+me",
-        "1g.35gb",
-        "2g.35gb",
-        "3g.71gb",
-        "4g.71gb",
-        "7g.141gb",
-    ],
-    16384,
-    33280,
-    68096,
-    143360,
-    [16, 26, 32, 60, 64, 132],
+    a100_names!(18, 35, 71, 141),
+    [16384, 33280, 68096, 143360],
+    SM_H100,
 );
 
 /// B200 180GB: names, 1g = 18 SMs and 148 SMs in all from mig.md; ids,
 /// placements, memory and the other SM counts inferred (H100 fractions:
 /// 3g takes 4 of 8 memory slices but 3 of 7 compute slices).
 const B200: [GiProfileSpec; 7] = a100_layout(
-    [
-        "1g.23gb",
-        "1g.23gb+me",
-        "1g.45gb",
-        "2g.45gb",
-        "3g.90gb",
-        "4g.90gb",
-        "7g.180gb",
-    ],
-    22784,
-    45312,
-    90880,
-    182272,
+    a100_names!(23, 45, 90, 180),
+    [22784, 45312, 90880, 182272],
     [18, 18, 36, 54, 72, 148],
 );
 
@@ -653,6 +627,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn every_profile_has_a_whole_gi_compute_instance_profile() {
+        for (model, mig) in mig_models() {
+            for p in mig.profiles {
+                assert!(
+                    whole_ci_profile(p.compute_slices).is_some(),
+                    "{} {}",
+                    model.key,
+                    p.name
+                );
+            }
+        }
+        assert_eq!(whole_ci_profile(3), Some(2));
+        assert_eq!(whole_ci_profile(7), Some(4));
+        assert_eq!(whole_ci_profile(5), None);
+    }
+
+    #[test]
+    fn a100_40gb_7g_is_39_5_gib() {
+        // mig.md: nvidia-smi shows ≈ 39.25–39.5 GiB; the MiB figure is inferred.
+        let a100 = find("A100-40GB").and_then(|m| m.mig).unwrap();
+        assert_eq!(
+            a100.profile_by_name("7g.40gb").map(|p| p.memory_mib),
+            Some(40448)
+        );
     }
 
     #[test]

@@ -809,78 +809,64 @@ mod tests {
         assert_eq!(room(&occ(8, &[p(0, 8)]), a100.profiles), 0);
     }
 
-    fn choose_in(
-        key: &str,
-        o: &Occupancy,
-        name: &str,
+    /// Checks what `policy` chooses in `o` for each `(model, profile, chosen)`.
+    fn assert_chosen(
         policy: PlacementPolicy,
-    ) -> Option<Placement> {
-        let spec = mig(key);
-        choose(o, profile(&spec, name), spec.profiles, policy)
+        o: &Occupancy,
+        cases: &[(&str, &str, Option<Placement>)],
+    ) {
+        for &(key, name, want) in cases {
+            let spec = mig(key);
+            assert_eq!(
+                choose(o, profile(&spec, name), spec.profiles, policy),
+                want,
+                "{name} on {key} under {policy:?}"
+            );
+        }
     }
 
     #[test]
     fn first_fit_takes_the_lowest_free_legal_start() {
         use PlacementPolicy::FirstFit;
         let empty = Occupancy::new(8).unwrap();
-        assert_eq!(
-            choose_in("A100-40GB", &empty, "1g.5gb", FirstFit),
-            Some(p(0, 1))
+        assert_chosen(
+            FirstFit,
+            &empty,
+            &[
+                ("A100-40GB", "1g.5gb", Some(p(0, 1))),
+                ("A100-40GB", "3g.20gb", Some(p(0, 4))),
+            ],
         );
-        assert_eq!(
-            choose_in("A100-40GB", &empty, "3g.20gb", FirstFit),
-            Some(p(0, 4))
+        assert_chosen(
+            FirstFit,
+            &occ(8, &[p(0, 1), p(2, 1)]),
+            &[
+                ("A100-40GB", "1g.5gb", Some(p(1, 1))),
+                ("A100-40GB", "2g.10gb", Some(p(4, 2))),
+                ("A100-40GB", "4g.20gb", None),
+            ],
         );
-        let o = occ(8, &[p(0, 1), p(2, 1)]);
-        assert_eq!(
-            choose_in("A100-40GB", &o, "1g.5gb", FirstFit),
-            Some(p(1, 1))
-        );
-        assert_eq!(
-            choose_in("A100-40GB", &o, "2g.10gb", FirstFit),
-            Some(p(4, 2))
-        );
-        assert_eq!(choose_in("A100-40GB", &o, "4g.20gb", FirstFit), None);
     }
 
     #[test]
     fn most_room_keeps_the_big_profiles_possible_on_an_empty_a100() {
-        use PlacementPolicy::MostRoom;
         let empty = Occupancy::new(8).unwrap();
-        // Worked by hand: 1g at 0..3 scores 18, at 4/5 scores 19, at 6 scores 20.
-        assert_eq!(
-            choose_in("A100-40GB", &empty, "1g.5gb", MostRoom),
-            Some(p(6, 1))
-        );
-        assert_eq!(
-            choose_in("A100-40GB", &empty, "1g.10gb", MostRoom),
-            Some(p(6, 2))
-        );
-        assert_eq!(
-            choose_in("A100-40GB", &empty, "2g.10gb", MostRoom),
-            Some(p(4, 2))
-        );
-        // 3g at 4 scores 14 (4g/3g at 0 stay possible), at 0 scores 10.
-        assert_eq!(
-            choose_in("A100-40GB", &empty, "3g.20gb", MostRoom),
-            Some(p(4, 4))
-        );
-        assert_eq!(
-            choose_in("A100-40GB", &empty, "4g.20gb", MostRoom),
-            Some(p(0, 4))
-        );
-        assert_eq!(
-            choose_in("A100-40GB", &empty, "7g.40gb", MostRoom),
-            Some(p(0, 8))
-        );
-        // The same layout on H100.
-        assert_eq!(
-            choose_in("H100-80GB", &empty, "1g.10gb", MostRoom),
-            Some(p(6, 1))
-        );
-        assert_eq!(
-            choose_in("H100-80GB", &empty, "3g.40gb", MostRoom),
-            Some(p(4, 4))
+        assert_chosen(
+            PlacementPolicy::MostRoom,
+            &empty,
+            &[
+                // Worked by hand: 1g at 0..3 scores 18, at 4/5 scores 19, at 6 scores 20.
+                ("A100-40GB", "1g.5gb", Some(p(6, 1))),
+                ("A100-40GB", "1g.10gb", Some(p(6, 2))),
+                ("A100-40GB", "2g.10gb", Some(p(4, 2))),
+                // 3g at 4 scores 14 (4g/3g at 0 stay possible), at 0 scores 10.
+                ("A100-40GB", "3g.20gb", Some(p(4, 4))),
+                ("A100-40GB", "4g.20gb", Some(p(0, 4))),
+                ("A100-40GB", "7g.40gb", Some(p(0, 8))),
+                // The same layout on H100.
+                ("H100-80GB", "1g.10gb", Some(p(6, 1))),
+                ("H100-80GB", "3g.40gb", Some(p(4, 4))),
+            ],
         );
     }
 
@@ -902,56 +888,50 @@ mod tests {
         assert_eq!(choose(&o, one_g, a100.profiles, MostRoom), None);
 
         // With 4g at 0, the 3g can only go to 4, and a 1g goes beside it at 6.
-        let o = occ(8, &[p(0, 4)]);
-        assert_eq!(
-            choose_in("A100-40GB", &o, "3g.20gb", MostRoom),
-            Some(p(4, 4))
-        );
-        assert_eq!(
-            choose_in("A100-40GB", &o, "1g.5gb", MostRoom),
-            Some(p(6, 1))
+        assert_chosen(
+            MostRoom,
+            &occ(8, &[p(0, 4)]),
+            &[
+                ("A100-40GB", "3g.20gb", Some(p(4, 4))),
+                ("A100-40GB", "1g.5gb", Some(p(6, 1))),
+            ],
         );
         // With 2g at 4, a 1g goes to 6 (keeps 2g@0/2 and 3g@0).
-        let o = occ(8, &[p(4, 2)]);
-        assert_eq!(
-            choose_in("A100-40GB", &o, "1g.5gb", MostRoom),
-            Some(p(6, 1))
+        assert_chosen(
+            MostRoom,
+            &occ(8, &[p(4, 2)]),
+            &[("A100-40GB", "1g.5gb", Some(p(6, 1)))],
         );
     }
 
     #[test]
     fn most_room_on_the_12_slot_axis() {
-        use PlacementPolicy::MostRoom;
-        let empty = Occupancy::new(12).unwrap();
+        use PlacementPolicy::{FirstFit, MostRoom};
         // Every 1g start is alike on an empty RTX PRO 6000: the tie goes to 0.
-        assert_eq!(
-            choose_in("RTX-PRO-6000", &empty, "1g.24gb", MostRoom),
-            Some(p(0, 3))
+        assert_chosen(
+            MostRoom,
+            &Occupancy::new(12).unwrap(),
+            &[("RTX-PRO-6000", "1g.24gb", Some(p(0, 3)))],
         );
         // Next to it at 3, so the 2g at 6 stays possible.
-        let o = occ(12, &[p(0, 3)]);
-        assert_eq!(
-            choose_in("RTX-PRO-6000", &o, "1g.24gb", MostRoom),
-            Some(p(3, 3))
-        );
-        assert_eq!(
-            choose_in("RTX-PRO-6000", &o, "1g.24gb", PlacementPolicy::FirstFit),
-            Some(p(3, 3))
-        );
+        for policy in [MostRoom, FirstFit] {
+            assert_chosen(
+                policy,
+                &occ(12, &[p(0, 3)]),
+                &[("RTX-PRO-6000", "1g.24gb", Some(p(3, 3)))],
+            );
+        }
         let o = occ(12, &[p(6, 3)]);
-        assert_eq!(
-            choose_in("RTX-PRO-6000", &o, "1g.24gb", MostRoom),
-            Some(p(9, 3))
+        assert_chosen(
+            MostRoom,
+            &o,
+            &[
+                ("RTX-PRO-6000", "1g.24gb", Some(p(9, 3))),
+                ("RTX-PRO-6000", "2g.48gb", Some(p(0, 6))),
+                ("RTX-PRO-6000", "4g.96gb", None),
+            ],
         );
-        assert_eq!(
-            choose_in("RTX-PRO-6000", &o, "1g.24gb", PlacementPolicy::FirstFit),
-            Some(p(0, 3))
-        );
-        assert_eq!(
-            choose_in("RTX-PRO-6000", &o, "2g.48gb", MostRoom),
-            Some(p(0, 6))
-        );
-        assert_eq!(choose_in("RTX-PRO-6000", &o, "4g.96gb", MostRoom), None);
+        assert_chosen(FirstFit, &o, &[("RTX-PRO-6000", "1g.24gb", Some(p(0, 3)))]);
     }
 
     #[test]

@@ -14,6 +14,16 @@
 //! - `TESSERA_SIM_CUDA_DEVICE_MEMORY_MIB` replaces every device's capacity.
 //! - `TESSERA_SIM_CUDA_NS_PER_BLOCK` sets the cost of one thread block of a
 //!   kernel launch in simulated device time (default 1000 ns; 0 = free).
+//! - The rest of the kernel cost model ([`crate::timeline::CostModel`]):
+//!   `TESSERA_SIM_CUDA_LAUNCH_NS` (a fixed cost per launch, default 0),
+//!   `TESSERA_SIM_CUDA_BLOCKS_PER_SM` (blocks run in waves of SMs × this,
+//!   a partial wave costs a whole one; default 0 = no waves),
+//!   `TESSERA_SIM_CUDA_NOISE_PCT` and `TESSERA_SIM_CUDA_NOISE_SEED` (each
+//!   kernel's cost scaled by a seeded random factor within ± that percent).
+//! - `TESSERA_SIM_CUDA_UTIL_BIAS_PCT` (signed, default 0) scales the busy
+//!   time the process *reports* for NVML by 100 + that percent — a
+//!   deliberately wrong utilization figure for tests of the SM limiter. The
+//!   shared device timeline (what really ran) is not scaled.
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +31,7 @@ use tessera_model::mig::catalogue::{self, GpuModelSpec};
 use tessera_sim::state::{NodeState, StateStore};
 
 use crate::root::{self, RootSource};
+use crate::timeline::CostModel;
 
 /// Replaces every device's memory capacity, in MiB.
 pub const DEVICE_MEMORY_ENV: &str = "TESSERA_SIM_CUDA_DEVICE_MEMORY_MIB";
@@ -31,8 +42,25 @@ pub const CONTEXT_MIB_ENV: &str = "TESSERA_SIM_CUDA_CONTEXT_MIB";
 /// `1`: publish a utilization sample at every change of device memory, in
 /// the call that made it (tests that watch memory from outside need it).
 pub const PUBLISH_ON_MEMORY_ENV: &str = "TESSERA_SIM_CUDA_PUBLISH_ON_MEMORY";
+/// Fixed device time of every kernel launch, in ns (default 0).
+pub const LAUNCH_NS_ENV: &str = "TESSERA_SIM_CUDA_LAUNCH_NS";
+/// Resident blocks per SM: a kernel runs in waves of SMs × this many
+/// blocks and a partial wave costs a whole one (default 0: no waves, the
+/// cost is linear in blocks).
+pub const BLOCKS_PER_SM_ENV: &str = "TESSERA_SIM_CUDA_BLOCKS_PER_SM";
+/// Each kernel's cost is scaled by a random factor in [1 − p, 1 + p] %
+/// (default 0: no noise), drawn from a generator seeded with
+/// [`NOISE_SEED_ENV`].
+pub const NOISE_PCT_ENV: &str = "TESSERA_SIM_CUDA_NOISE_PCT";
+/// Seed of the cost noise (default 1); the same seed gives every process
+/// the same sequence of factors per device.
+pub const NOISE_SEED_ENV: &str = "TESSERA_SIM_CUDA_NOISE_SEED";
+/// Signed percent by which the busy time a process publishes for NVML is
+/// off (−20: it reports 80 % of what ran). For tests of a limiter that
+/// trusts the figure; the shared device timeline is never biased.
+pub const UTIL_BIAS_PCT_ENV: &str = "TESSERA_SIM_CUDA_UTIL_BIAS_PCT";
 /// Makes the library explain itself on stderr (shared with the NVML stand-in).
-pub const DEBUG_ENV: &str = "TESSERA_SIM_DEBUG";
+pub use tessera_sim::libroot::DEBUG_ENV;
 /// The device filter every CUDA program honours.
 pub const VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 /// Default cost of one thread block.
@@ -85,6 +113,10 @@ pub struct Config {
     pub driver_version: i32,
     /// Simulated ns per thread block.
     pub ns_per_block: u64,
+    /// The whole kernel cost model (its `ns_per_block` is the one above).
+    pub cost: CostModel,
+    /// Percent by which published busy time is off (0: the truth).
+    pub util_bias_pct: i64,
     /// Device memory every live context takes for itself (the driver's own
     /// per-context state, which `nvidia-smi` counts against the process).
     pub context_bytes: u64,
@@ -136,6 +168,14 @@ pub fn load() -> Result<Config, String> {
         }
     }
     let ns_per_block = env_u64(NS_PER_BLOCK_ENV).unwrap_or(DEFAULT_NS_PER_BLOCK);
+    let cost = CostModel {
+        launch_ns: env_u64(LAUNCH_NS_ENV).unwrap_or(0),
+        ns_per_block,
+        blocks_per_sm: env_u64(BLOCKS_PER_SM_ENV).unwrap_or(0),
+        noise_pct: env_u64(NOISE_PCT_ENV).unwrap_or(0).min(100),
+        noise_seed: env_u64(NOISE_SEED_ENV).unwrap_or(1),
+    };
+    let util_bias_pct = env_i64(UTIL_BIAS_PCT_ENV).unwrap_or(0).max(-100);
     let context_bytes = env_u64(CONTEXT_MIB_ENV).map_or(0, |mib| mib.saturating_mul(MIB));
     let publish_on_memory = env_u64(PUBLISH_ON_MEMORY_ENV) == Some(1);
     let driver_version = state
@@ -146,6 +186,8 @@ pub fn load() -> Result<Config, String> {
         node_root: root.filter(|_| state.is_some()),
         driver_version,
         ns_per_block,
+        cost,
+        util_bias_pct,
         context_bytes,
         publish_on_memory,
         debug,
@@ -179,6 +221,18 @@ fn env_u64(name: &str) -> Option<u64> {
         Ok(value) => Some(value),
         Err(_) => {
             eprintln!("tessera-sim-cuda: ignoring {name}={text:?}: not an unsigned integer");
+            None
+        }
+    }
+}
+
+/// A signed number from the environment, as [`env_u64`].
+fn env_i64(name: &str) -> Option<i64> {
+    let text = std::env::var(name).ok()?;
+    match text.trim().parse() {
+        Ok(value) => Some(value),
+        Err(_) => {
+            eprintln!("tessera-sim-cuda: ignoring {name}={text:?}: not an integer");
             None
         }
     }

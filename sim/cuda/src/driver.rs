@@ -1,6 +1,7 @@
 //! The process-wide driver: what `cuInit` set up, the devices with their
-//! memory counters and timelines, the registry of live objects, and the
-//! calling thread's context stack.
+//! memory counters and timelines, and the calling thread's context stack.
+//! The registry of live objects sits above it, in `registry`, which reaches
+//! it through [`Driver`] (`driver.registry()`).
 //!
 //! Hot paths (`cuLaunchKernel`, `cuMemGetInfo_v2`, `cuCtxGetCurrent`) touch
 //! only atomics and thread-locals; everything that creates or destroys an
@@ -8,14 +9,12 @@
 
 use std::cell::{Cell, RefCell};
 use std::ffi::CString;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use crate::config::{self, Config, DeviceSpec};
 use crate::ffi::*;
 use crate::handle::{Handle, Kind};
-use crate::publish;
-use crate::registry::Registry;
 use crate::timeline::Timeline;
 
 /// Result of an internal step: the `CUresult` to return on failure.
@@ -47,26 +46,16 @@ pub struct Device {
 pub struct Driver {
     /// Devices by ordinal.
     pub devices: Box<[Device]>,
-    /// Simulated ns per thread block.
-    pub ns_per_block: u64,
     /// What `cuInit` read.
     pub config: Config,
-    registry: Mutex<Registry>,
 }
 
 static DRIVER: OnceLock<Result<Driver, CuResult>> = OnceLock::new();
 
 /// `cuInit`: the first call reads the configuration; every call returns
 /// the first one's outcome.
-pub fn init() -> CuResult {
-    let result = DRIVER.get_or_init(start);
-    match result {
-        Ok(driver) => {
-            publish::start(driver);
-            CUDA_SUCCESS
-        }
-        Err(code) => *code,
-    }
+pub fn init() -> Res<&'static Driver> {
+    DRIVER.get_or_init(start).as_ref().map_err(|code| *code)
 }
 
 fn start() -> Result<Driver, CuResult> {
@@ -99,17 +88,11 @@ fn start() -> Result<Driver, CuResult> {
             gpu_uuid: config::uuid_bytes(&spec.gpu_uuid),
             spec: spec.clone(),
             used: AtomicU64::new(0),
-            timeline: Timeline::default(),
+            timeline: Timeline::for_device(&config, spec),
             contexts: AtomicU32::new(0),
         })
         .collect();
-    let registry = Registry::new(devices.len());
-    Ok(Driver {
-        ns_per_block: config.ns_per_block,
-        devices,
-        config,
-        registry: Mutex::new(registry),
-    })
+    Ok(Driver { devices, config })
 }
 
 /// The initialised driver; `NOT_INITIALIZED` before a successful `cuInit`.
@@ -142,19 +125,6 @@ impl Driver {
         self.devices
             .get(index as usize)
             .ok_or(CUDA_ERROR_INVALID_HANDLE)
-    }
-
-    /// The registry, locked.
-    pub fn registry(&self) -> MutexGuard<'_, Registry> {
-        // A panic while it was held (caught at the C boundary) leaves the
-        // registry consistent: each change is applied whole or not at all.
-        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Simulated device time of a launch of `blocks` thread blocks.
-    #[inline]
-    pub fn launch_cost(&self, blocks: u64) -> u64 {
-        blocks.saturating_mul(self.ns_per_block)
     }
 
     /// A context on `device` came (`true`) or went (`false`).

@@ -25,8 +25,13 @@
 //!   own. `TESSERA_SIM_CUDA_PUBLISH_ON_MEMORY=1` publishes every change of a
 //!   process's memory before the call returns.
 //! - Launches ([`timeline`]): a kernel of G blocks costs G ×
-//!   `TESSERA_SIM_CUDA_NS_PER_BLOCK` (default 1000) of device time,
-//!   queued asynchronously; synchronising waits for it.
+//!   `TESSERA_SIM_CUDA_NS_PER_BLOCK` (default 1000) of device time, plus
+//!   an optional fixed cost per launch, whole waves of blocks and seeded
+//!   noise ([`timeline::CostModel`]), queued asynchronously on one clock
+//!   per device that every process on the node shares
+//!   (`<root>/run/tessera-sim/timeline/`), which also records each
+//!   process's device time for readers outside; synchronising waits for
+//!   the process's own work.
 //! - Utilization (`publish`, [`utilfile`]): with a node, each process
 //!   publishes its per-GPU busy time and memory under
 //!   `<root>/run/tessera-sim/util/`, which the NVML stand-in turns into

@@ -15,6 +15,8 @@ use std::path::PathBuf;
 use std::sync::{Mutex, Once, PoisonError};
 use std::time::Duration;
 
+use tessera_model::proc;
+
 use crate::clock;
 use crate::driver::{self, Driver};
 use crate::root;
@@ -100,14 +102,12 @@ pub fn start(driver: &'static Driver) {
 /// containerized process to NVML by its host pid, not by the pid it sees.
 /// Where `/proc` belongs to the process's own namespace, that is all it
 /// can know: its own pid.
-fn host_pid() -> u32 {
+pub(crate) fn host_pid() -> u32 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
+        // The kernel's format, parsed as every component parses it (model::proc).
+        .and_then(|status| proc::parse_nspid(&status))
+        .and_then(|pids| pids.first().copied())
         .unwrap_or_else(std::process::id)
 }
 

@@ -32,6 +32,7 @@
 //! stream-ordered allocation and pool reserve of the device.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use crate::driver::{Driver, Res};
 use crate::fasthash::IntMap;
@@ -170,6 +171,19 @@ fn unmap_host(ptr: usize, len: usize) {
     // registry before this call, so it is unmapped exactly once; the caller
     // gave up the memory by freeing it.
     unsafe { libc::munmap(ptr as *mut libc::c_void, len) };
+}
+
+/// The registry of the process's one driver, made at its first use.
+static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+
+impl Driver {
+    /// The registry, locked.
+    pub fn registry(&self) -> MutexGuard<'_, Registry> {
+        let registry = REGISTRY.get_or_init(|| Mutex::new(Registry::new(self.devices.len())));
+        // A panic while it was held (caught at the C boundary) leaves the
+        // registry consistent: each change is applied whole or not at all.
+        registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl Registry {
@@ -595,6 +609,11 @@ impl Registry {
             }
             None => 0,
         };
+        Ok(self.new_physical(device, bytes, charged))
+    }
+
+    /// Registers physical memory with one reference and no mapping; its handle.
+    fn new_physical(&mut self, device: Option<u32>, bytes: u64, charged: u64) -> u64 {
         let serial = self.next_serial();
         self.physical.insert(
             serial,
@@ -606,7 +625,7 @@ impl Registry {
                 maps: 0,
             },
         );
-        Ok(Handle::new(Kind::MemHandle, device.unwrap_or(0), serial).value())
+        Handle::new(Kind::MemHandle, device.unwrap_or(0), serial).value()
     }
 
     fn settle_physical(&mut self, driver: &Driver, serial: u32) {
@@ -714,18 +733,7 @@ impl Registry {
         if let Some(d) = device {
             driver.device_at(d)?;
         }
-        let serial = self.next_serial();
-        self.physical.insert(
-            serial,
-            Physical {
-                device,
-                bytes,
-                charged: 0,
-                refs: 1,
-                maps: 0,
-            },
-        );
-        Ok(Handle::new(Kind::MemHandle, device.unwrap_or(0), serial).value())
+        Ok(self.new_physical(device, bytes, 0))
     }
 
     /// `cuMemAddressReserve`.

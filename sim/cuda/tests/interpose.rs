@@ -26,21 +26,20 @@ type GetProcV2 = unsafe extern "C" fn(
 
 #[test]
 fn an_exported_namesake_does_not_capture_get_proc_address() {
-    let test = "an_exported_namesake_does_not_capture_get_proc_address";
     let ours = cuMemAlloc_v2 as *const c_void;
     // SAFETY: looks a symbol up in the global scope.
     let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cuMemAlloc_v2".as_ptr()) };
-    if global.cast_const() != ours {
-        common::missing(
-            test,
-            "this test binary does not export its symbols (--export-dynamic)",
-        );
+    let Ok(()) = common::require(&[
+        common::Need::condition(
+            global.cast_const() == ours,
+            "a test binary that exports its symbols (--export-dynamic)",
+            "build it with this crate's build.rs link arguments",
+        ),
+        common::Need::Built("libtessera_sim_cuda.so"),
+    ]) else {
         return;
-    }
-    let path = match common::cuda_library() {
-        Ok(p) => p,
-        Err(e) => return common::missing(test, &e),
     };
+    let path = common::cuda_library();
     // SAFETY: loading runs only the Rust runtime's initialisers.
     let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen the CUDA stand-in");
     // SAFETY: lookups of exported functions, called with cuda.h's signature.

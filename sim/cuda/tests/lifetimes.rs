@@ -45,7 +45,7 @@ fn script(fx: &Fixture, steps: &[&str], envs: &[(&str, &str)]) -> Run {
 
 #[test]
 fn vmm_memory_lives_while_a_reference_or_a_mapping_does() {
-    let Some(fx) = Fixture::plain("vmm_memory_lives_while_a_reference_or_a_mapping_does") else {
+    let Some(fx) = Fixture::plain() else {
         return;
     };
     let run = script(
@@ -74,8 +74,7 @@ fn vmm_memory_lives_while_a_reference_or_a_mapping_does() {
 
 #[test]
 fn a_pool_keeps_what_it_frees_down_to_its_release_threshold() {
-    let Some(fx) = Fixture::plain("a_pool_keeps_what_it_frees_down_to_its_release_threshold")
-    else {
+    let Some(fx) = Fixture::plain() else {
         return;
     };
     let run = script(
@@ -115,7 +114,7 @@ fn a_pool_keeps_what_it_frees_down_to_its_release_threshold() {
 
 #[test]
 fn a_context_takes_its_memory_with_it() {
-    let Some(fx) = Fixture::plain("a_context_takes_its_memory_with_it") else {
+    let Some(fx) = Fixture::plain() else {
         return;
     };
     let context = [("TESSERA_SIM_CUDA_CONTEXT_MIB", "300")];

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nvml_wrapper_sys::bindings::*;
 
-use common::{Fixture, MIB};
+use common::{Fixture, MIB, args};
 
 const SUCCESS: nvmlReturn_t = nvmlReturn_enum_NVML_SUCCESS;
 const NOT_FOUND: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
@@ -179,38 +179,17 @@ impl Drop for Background {
 
 #[test]
 fn nvml_reports_a_busy_probe_and_a_probe_holding_memory() {
-    let Some(fx) = Fixture::node(
-        "nvml_reports_a_busy_probe_and_a_probe_holding_memory",
-        "demo",
-    ) else {
+    let Some(fx) = Fixture::node("demo") else {
         return;
     };
     let busy = Background::start(
         &fx,
-        &[
-            "launch",
-            "--kernels",
-            "2",
-            "--blocks",
-            "1000",
-            "--seconds",
-            "4",
-        ],
+        &args("launch --kernels 2 --blocks 1000 --seconds 4"),
         &[],
     );
     let mut holder = Background::start(
         &fx,
-        &[
-            "alloc",
-            "--api",
-            "mem_alloc",
-            "--mib",
-            "512",
-            "--device",
-            "0",
-            "--hold-secs",
-            "30",
-        ],
+        &args("alloc --api mem_alloc --mib 512 --device 0 --hold-secs 30"),
         &[("CUDA_VISIBLE_DEVICES", "1")],
     );
     holder.wait_for("state=holding");
@@ -269,23 +248,13 @@ fn nvml_reports_a_busy_probe_and_a_probe_holding_memory() {
 
 #[test]
 fn process_utilization_follows_the_duty_cycle() {
-    let Some(fx) = Fixture::node("process_utilization_follows_the_duty_cycle", "demo") else {
+    let Some(fx) = Fixture::node("demo") else {
         return;
     };
     // 1 ms of work every ~3.1 ms.
     let probe = Background::start(
         &fx,
-        &[
-            "launch",
-            "--kernels",
-            "1",
-            "--blocks",
-            "1000",
-            "--seconds",
-            "4",
-            "--sleep-us",
-            "3000",
-        ],
+        &args("launch --kernels 1 --blocks 1000 --seconds 4 --sleep-us 3000"),
         &[],
     );
     std::thread::sleep(Duration::from_millis(1300));
@@ -315,7 +284,7 @@ fn process_utilization_follows_the_duty_cycle() {
 
 #[test]
 fn an_idle_node_has_no_processes_and_no_samples() {
-    let Some(fx) = Fixture::node("an_idle_node_has_no_processes_and_no_samples", "demo") else {
+    let Some(fx) = Fixture::node("demo") else {
         return;
     };
     // A process that released its contexts (and ended) leaves no file behind.

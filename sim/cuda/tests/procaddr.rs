@@ -22,14 +22,9 @@ struct Driver {
 }
 
 impl Driver {
-    fn load(test: &str) -> Option<Driver> {
-        let path = match common::cuda_library() {
-            Ok(p) => p,
-            Err(e) => {
-                common::missing(test, &e);
-                return None;
-            }
-        };
+    fn load() -> Option<Driver> {
+        common::require(&[common::Need::Built("libtessera_sim_cuda.so")]).ok()?;
+        let path = common::cuda_library();
         // SAFETY: loading runs the library's (Rust runtime) initialisers only.
         let lib = unsafe { Library::new(&path) }.expect("dlopen the CUDA stand-in");
         Some(Driver { lib })
@@ -71,7 +66,7 @@ impl Driver {
 
 #[test]
 fn versioned_names_map_to_the_exports_the_real_driver_returns() {
-    let Some(d) = Driver::load("versioned_names_map_to_the_exports_the_real_driver_returns") else {
+    let Some(d) = Driver::load() else {
         return;
     };
     // (base name, CUDA version asked, export expected)
@@ -129,7 +124,7 @@ fn versioned_names_map_to_the_exports_the_real_driver_returns() {
 
 #[test]
 fn every_table_entry_resolves_to_its_own_export() {
-    let Some(d) = Driver::load("every_table_entry_resolves_to_its_own_export") else {
+    let Some(d) = Driver::load() else {
         return;
     };
     for (base, versions) in tessera_sim_cuda::PROC_ADDRESS_TABLE {
@@ -155,7 +150,7 @@ fn every_table_entry_resolves_to_its_own_export() {
 
 #[test]
 fn misses_follow_each_abi() {
-    let Some(d) = Driver::load("misses_follow_each_abi") else {
+    let Some(d) = Driver::load() else {
         return;
     };
     // v2: success, NULL, and the reason.
@@ -214,7 +209,7 @@ fn misses_follow_each_abi() {
 
 #[test]
 fn error_names_and_strings_are_the_drivers() {
-    let Some(d) = Driver::load("error_names_and_strings_are_the_drivers") else {
+    let Some(d) = Driver::load() else {
         return;
     };
     // SAFETY: the exports' cuda.h signatures.
@@ -260,15 +255,13 @@ fn error_names_and_strings_are_the_drivers() {
 
 #[test]
 fn calls_before_init_are_not_initialized() {
-    let Some(d) = Driver::load("calls_before_init_are_not_initialized") else {
+    let Some(d) = Driver::load() else {
         return;
     };
     // Another test in this process may have initialised the shared copy:
     // only check the calls that never need cuInit, and that a fresh copy
     // (a different file, so different globals) refuses the rest.
-    let Ok(path) = common::cuda_library() else {
-        return;
-    };
+    let path = common::cuda_library();
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("libcuda-fresh.so");
     std::fs::copy(path, &copy).unwrap();

@@ -170,99 +170,90 @@ pub struct NvmlPlacement {
     pub size: c_uint,
 }
 
-/// `nvmlGpuInstanceProfileInfo_t` (unversioned, v1).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NvmlGpuInstanceProfileInfo {
-    /// `id`: the device profile id.
-    pub id: c_uint,
-    /// `isP2pSupported`.
-    pub is_p2p_supported: c_uint,
-    /// `sliceCount`: compute slices.
-    pub slice_count: c_uint,
-    /// `instanceCount`: most instances of the profile.
-    pub instance_count: c_uint,
-    /// `multiprocessorCount`.
-    pub multiprocessor_count: c_uint,
-    /// `copyEngineCount`.
-    pub copy_engine_count: c_uint,
-    /// `decoderCount`.
-    pub decoder_count: c_uint,
-    /// `encoderCount`.
-    pub encoder_count: c_uint,
-    /// `jpegCount`.
-    pub jpeg_count: c_uint,
-    /// `ofaCount`.
-    pub ofa_count: c_uint,
-    /// `memorySizeMB` (MiB).
-    pub memory_size_mb: c_ulonglong,
+/// Declares a `#[repr(C)]` version of `nvmlGpuInstanceProfileInfo*_t`: the
+/// given leading fields, then the engine counts and memory size every version
+/// carries in the same order, then the given trailing fields.
+macro_rules! gpu_instance_profile_info {
+    ($(#[$meta:meta])* $name:ident { $($head:tt)* } { $($tail:tt)* }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        pub struct $name {
+            $($head)*
+            /// `multiprocessorCount`.
+            pub multiprocessor_count: c_uint,
+            /// `copyEngineCount`.
+            pub copy_engine_count: c_uint,
+            /// `decoderCount`.
+            pub decoder_count: c_uint,
+            /// `encoderCount`.
+            pub encoder_count: c_uint,
+            /// `jpegCount`.
+            pub jpeg_count: c_uint,
+            /// `ofaCount`.
+            pub ofa_count: c_uint,
+            /// `memorySizeMB` (MiB).
+            pub memory_size_mb: c_ulonglong,
+            $($tail)*
+        }
+    };
 }
 
-/// `nvmlGpuInstanceProfileInfo_v2_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct NvmlGpuInstanceProfileInfoV2 {
-    /// `version`: [`GPU_INSTANCE_PROFILE_INFO_V2`].
-    pub version: c_uint,
-    /// `id`.
-    pub id: c_uint,
-    /// `isP2pSupported`.
-    pub is_p2p_supported: c_uint,
-    /// `sliceCount`.
-    pub slice_count: c_uint,
-    /// `instanceCount`.
-    pub instance_count: c_uint,
-    /// `multiprocessorCount`.
-    pub multiprocessor_count: c_uint,
-    /// `copyEngineCount`.
-    pub copy_engine_count: c_uint,
-    /// `decoderCount`.
-    pub decoder_count: c_uint,
-    /// `encoderCount`.
-    pub encoder_count: c_uint,
-    /// `jpegCount`.
-    pub jpeg_count: c_uint,
-    /// `ofaCount`.
-    pub ofa_count: c_uint,
-    /// `memorySizeMB`.
-    pub memory_size_mb: c_ulonglong,
-    /// `name`, e.g. `MIG 1g.10gb`.
-    pub name: [c_char; PROFILE_NAME_SIZE],
+gpu_instance_profile_info! {
+    /// `nvmlGpuInstanceProfileInfo_t` (unversioned, v1).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    NvmlGpuInstanceProfileInfo {
+        /// `id`: the device profile id.
+        pub id: c_uint,
+        /// `isP2pSupported`.
+        pub is_p2p_supported: c_uint,
+        /// `sliceCount`: compute slices.
+        pub slice_count: c_uint,
+        /// `instanceCount`: most instances of the profile.
+        pub instance_count: c_uint,
+    } {}
+}
+
+gpu_instance_profile_info! {
+    /// `nvmlGpuInstanceProfileInfo_v2_t`.
+    #[derive(Debug, Clone, Copy)]
+    NvmlGpuInstanceProfileInfoV2 {
+        /// `version`: [`GPU_INSTANCE_PROFILE_INFO_V2`].
+        pub version: c_uint,
+        /// `id`.
+        pub id: c_uint,
+        /// `isP2pSupported`.
+        pub is_p2p_supported: c_uint,
+        /// `sliceCount`.
+        pub slice_count: c_uint,
+        /// `instanceCount`.
+        pub instance_count: c_uint,
+    } {
+        /// `name`, e.g. `MIG 1g.10gb`.
+        pub name: [c_char; PROFILE_NAME_SIZE],
+    }
 }
 /// `nvmlGpuInstanceProfileInfo_v2`.
 pub const GPU_INSTANCE_PROFILE_INFO_V2: c_uint =
     struct_version(size_of::<NvmlGpuInstanceProfileInfoV2>(), 2);
 
-/// `nvmlGpuInstanceProfileInfo_v3_t`: no `isP2pSupported`, a `capabilities` word at the end.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct NvmlGpuInstanceProfileInfoV3 {
-    /// `version`: [`GPU_INSTANCE_PROFILE_INFO_V3`].
-    pub version: c_uint,
-    /// `id`.
-    pub id: c_uint,
-    /// `sliceCount`.
-    pub slice_count: c_uint,
-    /// `instanceCount`.
-    pub instance_count: c_uint,
-    /// `multiprocessorCount`.
-    pub multiprocessor_count: c_uint,
-    /// `copyEngineCount`.
-    pub copy_engine_count: c_uint,
-    /// `decoderCount`.
-    pub decoder_count: c_uint,
-    /// `encoderCount`.
-    pub encoder_count: c_uint,
-    /// `jpegCount`.
-    pub jpeg_count: c_uint,
-    /// `ofaCount`.
-    pub ofa_count: c_uint,
-    /// `memorySizeMB`.
-    pub memory_size_mb: c_ulonglong,
-    /// `name`.
-    pub name: [c_char; PROFILE_NAME_SIZE],
-    /// `capabilities`: `NVML_GPU_INSTANCE_PROFILE_CAPS_*` bits.
-    pub capabilities: c_uint,
+gpu_instance_profile_info! {
+    /// `nvmlGpuInstanceProfileInfo_v3_t`: no `isP2pSupported`, a `capabilities` word at the end.
+    #[derive(Debug, Clone, Copy)]
+    NvmlGpuInstanceProfileInfoV3 {
+        /// `version`: [`GPU_INSTANCE_PROFILE_INFO_V3`].
+        pub version: c_uint,
+        /// `id`.
+        pub id: c_uint,
+        /// `sliceCount`.
+        pub slice_count: c_uint,
+        /// `instanceCount`.
+        pub instance_count: c_uint,
+    } {
+        /// `name`.
+        pub name: [c_char; PROFILE_NAME_SIZE],
+        /// `capabilities`: `NVML_GPU_INSTANCE_PROFILE_CAPS_*` bits.
+        pub capabilities: c_uint,
+    }
 }
 /// `nvmlGpuInstanceProfileInfo_v3`.
 pub const GPU_INSTANCE_PROFILE_INFO_V3: c_uint =
@@ -282,89 +273,71 @@ pub struct NvmlGpuInstanceInfo {
     pub placement: NvmlPlacement,
 }
 
-/// `nvmlComputeInstanceProfileInfo_t` (unversioned, v1).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NvmlComputeInstanceProfileInfo {
-    /// `id`.
-    pub id: c_uint,
-    /// `sliceCount`.
-    pub slice_count: c_uint,
-    /// `instanceCount`.
-    pub instance_count: c_uint,
-    /// `multiprocessorCount`.
-    pub multiprocessor_count: c_uint,
-    /// `sharedCopyEngineCount`.
-    pub shared_copy_engine_count: c_uint,
-    /// `sharedDecoderCount`.
-    pub shared_decoder_count: c_uint,
-    /// `sharedEncoderCount`.
-    pub shared_encoder_count: c_uint,
-    /// `sharedJpegCount`.
-    pub shared_jpeg_count: c_uint,
-    /// `sharedOfaCount`.
-    pub shared_ofa_count: c_uint,
+/// Declares a `#[repr(C)]` version of `nvmlComputeInstanceProfileInfo*_t`:
+/// the given leading fields, then the id, slice and shared engine counts every
+/// version carries in the same order, then the given trailing fields.
+macro_rules! compute_instance_profile_info {
+    ($(#[$meta:meta])* $name:ident { $($head:tt)* } { $($tail:tt)* }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        pub struct $name {
+            $($head)*
+            /// `id`.
+            pub id: c_uint,
+            /// `sliceCount`.
+            pub slice_count: c_uint,
+            /// `instanceCount`.
+            pub instance_count: c_uint,
+            /// `multiprocessorCount`.
+            pub multiprocessor_count: c_uint,
+            /// `sharedCopyEngineCount`.
+            pub shared_copy_engine_count: c_uint,
+            /// `sharedDecoderCount`.
+            pub shared_decoder_count: c_uint,
+            /// `sharedEncoderCount`.
+            pub shared_encoder_count: c_uint,
+            /// `sharedJpegCount`.
+            pub shared_jpeg_count: c_uint,
+            /// `sharedOfaCount`.
+            pub shared_ofa_count: c_uint,
+            $($tail)*
+        }
+    };
 }
 
-/// `nvmlComputeInstanceProfileInfo_v2_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct NvmlComputeInstanceProfileInfoV2 {
-    /// `version`: [`COMPUTE_INSTANCE_PROFILE_INFO_V2`].
-    pub version: c_uint,
-    /// `id`.
-    pub id: c_uint,
-    /// `sliceCount`.
-    pub slice_count: c_uint,
-    /// `instanceCount`.
-    pub instance_count: c_uint,
-    /// `multiprocessorCount`.
-    pub multiprocessor_count: c_uint,
-    /// `sharedCopyEngineCount`.
-    pub shared_copy_engine_count: c_uint,
-    /// `sharedDecoderCount`.
-    pub shared_decoder_count: c_uint,
-    /// `sharedEncoderCount`.
-    pub shared_encoder_count: c_uint,
-    /// `sharedJpegCount`.
-    pub shared_jpeg_count: c_uint,
-    /// `sharedOfaCount`.
-    pub shared_ofa_count: c_uint,
-    /// `name`.
-    pub name: [c_char; PROFILE_NAME_SIZE],
+compute_instance_profile_info! {
+    /// `nvmlComputeInstanceProfileInfo_t` (unversioned, v1).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    NvmlComputeInstanceProfileInfo {} {}
+}
+
+compute_instance_profile_info! {
+    /// `nvmlComputeInstanceProfileInfo_v2_t`.
+    #[derive(Debug, Clone, Copy)]
+    NvmlComputeInstanceProfileInfoV2 {
+        /// `version`: [`COMPUTE_INSTANCE_PROFILE_INFO_V2`].
+        pub version: c_uint,
+    } {
+        /// `name`.
+        pub name: [c_char; PROFILE_NAME_SIZE],
+    }
 }
 /// `nvmlComputeInstanceProfileInfo_v2`.
 pub const COMPUTE_INSTANCE_PROFILE_INFO_V2: c_uint =
     struct_version(size_of::<NvmlComputeInstanceProfileInfoV2>(), 2);
 
-/// `nvmlComputeInstanceProfileInfo_v3_t`: v2 plus a `capabilities` word.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct NvmlComputeInstanceProfileInfoV3 {
-    /// `version`: [`COMPUTE_INSTANCE_PROFILE_INFO_V3`].
-    pub version: c_uint,
-    /// `id`.
-    pub id: c_uint,
-    /// `sliceCount`.
-    pub slice_count: c_uint,
-    /// `instanceCount`.
-    pub instance_count: c_uint,
-    /// `multiprocessorCount`.
-    pub multiprocessor_count: c_uint,
-    /// `sharedCopyEngineCount`.
-    pub shared_copy_engine_count: c_uint,
-    /// `sharedDecoderCount`.
-    pub shared_decoder_count: c_uint,
-    /// `sharedEncoderCount`.
-    pub shared_encoder_count: c_uint,
-    /// `sharedJpegCount`.
-    pub shared_jpeg_count: c_uint,
-    /// `sharedOfaCount`.
-    pub shared_ofa_count: c_uint,
-    /// `name`.
-    pub name: [c_char; PROFILE_NAME_SIZE],
-    /// `capabilities`: `NVML_COMPUTE_INSTANCE_PROFILE_CAPS_*` bits.
-    pub capabilities: c_uint,
+compute_instance_profile_info! {
+    /// `nvmlComputeInstanceProfileInfo_v3_t`: v2 plus a `capabilities` word.
+    #[derive(Debug, Clone, Copy)]
+    NvmlComputeInstanceProfileInfoV3 {
+        /// `version`: [`COMPUTE_INSTANCE_PROFILE_INFO_V3`].
+        pub version: c_uint,
+    } {
+        /// `name`.
+        pub name: [c_char; PROFILE_NAME_SIZE],
+        /// `capabilities`: `NVML_COMPUTE_INSTANCE_PROFILE_CAPS_*` bits.
+        pub capabilities: c_uint,
+    }
 }
 /// `nvmlComputeInstanceProfileInfo_v3`.
 pub const COMPUTE_INSTANCE_PROFILE_INFO_V3: c_uint =
@@ -454,6 +427,16 @@ mod tests {
         assert_eq!(size_of::<NvmlPlacement>(), 8);
         assert_eq!(size_of::<NvmlGpuInstanceProfileInfo>(), 48);
         assert_eq!(offset_of!(NvmlGpuInstanceProfileInfo, memory_size_mb), 40);
+        assert_eq!(
+            offset_of!(NvmlGpuInstanceProfileInfoV2, is_p2p_supported),
+            8
+        );
+        assert_eq!(
+            offset_of!(NvmlGpuInstanceProfileInfoV2, multiprocessor_count),
+            20
+        );
+        assert_eq!(offset_of!(NvmlGpuInstanceProfileInfoV3, slice_count), 8);
+        assert_eq!(offset_of!(NvmlGpuInstanceProfileInfoV3, ofa_count), 36);
         assert_eq!(size_of::<NvmlGpuInstanceProfileInfoV2>(), 152);
         assert_eq!(offset_of!(NvmlGpuInstanceProfileInfoV2, memory_size_mb), 48);
         assert_eq!(offset_of!(NvmlGpuInstanceProfileInfoV2, name), 56);
@@ -486,6 +469,13 @@ mod tests {
         assert_eq!(size_of::<NvmlComputeInstanceProfileInfo>(), 36);
         assert_eq!(size_of::<NvmlComputeInstanceProfileInfoV2>(), 136);
         assert_eq!(size_of::<NvmlComputeInstanceProfileInfoV3>(), 140);
+        assert_eq!(
+            offset_of!(NvmlComputeInstanceProfileInfo, shared_ofa_count),
+            32
+        );
+        assert_eq!(offset_of!(NvmlComputeInstanceProfileInfoV2, id), 4);
+        assert_eq!(offset_of!(NvmlComputeInstanceProfileInfoV2, name), 40);
+        assert_eq!(offset_of!(NvmlComputeInstanceProfileInfoV3, name), 40);
         assert_eq!(
             offset_of!(NvmlComputeInstanceProfileInfoV3, capabilities),
             136

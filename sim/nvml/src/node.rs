@@ -23,9 +23,7 @@ use crate::root;
 /// Result of an internal step: the NVML code to return on failure.
 pub type Res<T> = Result<T, NvmlReturn>;
 
-/// Environment variable that makes the library explain itself on stderr
-/// (the root it serves at init, and why a state file could not be read).
-pub const DEBUG_ENV: &str = "TESSERA_SIM_DEBUG";
+pub use tessera_sim::libroot::DEBUG_ENV;
 
 struct Library {
     /// Outstanding `nvmlInit*` calls not yet matched by `nvmlShutdown`.

@@ -8,7 +8,7 @@
 
 use std::ffi::{CStr, c_char, c_uint};
 
-use crate::ffi::{ERROR_INSUFFICIENT_SIZE, ERROR_INVALID_ARGUMENT};
+use crate::ffi::{ERROR_INSUFFICIENT_SIZE, ERROR_INVALID_ARGUMENT, ERROR_UNKNOWN};
 use crate::node::Res;
 
 /// Writes `value` through `out`.
@@ -38,6 +38,43 @@ pub unsafe fn write_all<T: Copy>(out: *mut T, values: &[T]) -> Res<()> {
         unsafe { out.add(i).write_unaligned(*value) };
     }
     Ok(())
+}
+
+/// Writes an NVML array result whose array and count are both required:
+/// `values` to `array`, their number to `*count`.
+///
+/// # Safety
+/// `array` is null or valid for writing `values.len()` consecutive `T`s;
+/// `count` is null or valid for one write.
+pub unsafe fn write_array<T: Copy>(array: *mut T, count: *mut c_uint, values: &[T]) -> Res<()> {
+    if array.is_null() || count.is_null() {
+        return Err(ERROR_INVALID_ARGUMENT);
+    }
+    let n = c_uint::try_from(values.len()).map_err(|_| ERROR_UNKNOWN)?;
+    // SAFETY: both non-null, and valid by this function's contract.
+    unsafe {
+        write_all(array, values)?;
+        write(count, n)
+    }
+}
+
+/// Writes an NVML array result whose array may be NULL (a size query): the
+/// number of `values` to `*count` and, unless `array` is null, `values` to it.
+///
+/// # Safety
+/// `array` is null or valid for writing `values.len()` consecutive `T`s;
+/// `count` is null or valid for one write.
+pub unsafe fn write_counted<T: Copy>(array: *mut T, count: *mut c_uint, values: &[T]) -> Res<()> {
+    if count.is_null() {
+        return Err(ERROR_INVALID_ARGUMENT);
+    }
+    if !array.is_null() {
+        // SAFETY: non-null, and valid by this function's contract.
+        unsafe { write_all(array, values) }?;
+    }
+    let n = c_uint::try_from(values.len()).map_err(|_| ERROR_UNKNOWN)?;
+    // SAFETY: non-null, and valid by this function's contract.
+    unsafe { write(count, n) }
 }
 
 /// Reads one `T` from `ptr`.

@@ -124,7 +124,7 @@ pub fn ci_capabilities(profile: &GiProfileSpec) -> u32 {
 /// compute instance that spans a GI of `profile`: the only CI profile the
 /// simulated driver offers.
 pub fn full_ci_profile(profile: &GiProfileSpec) -> Res<u32> {
-    tessera_sim::mig::full_ci_profile_id(profile.compute_slices).ok_or(ERROR_UNKNOWN)
+    catalogue::whole_ci_profile(profile.compute_slices).ok_or(ERROR_UNKNOWN)
 }
 
 /// `nvmlDeviceGetName` of a MIG device on a GPU of `model`.

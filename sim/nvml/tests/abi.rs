@@ -517,7 +517,9 @@ fn devices_report_the_state_identity_and_model() {
         Err(NOT_FOUND)
     );
 
-    let total = common::gpu_bytes("A100-40GB");
+    // A100-SXM4-40GB: 40960 MiB as the simulated node serves it (literal, not
+    // the catalogue: a change of the catalogue must show here).
+    let total = 40960 * MIB;
     let m = api.memory(a100).unwrap();
     assert_eq!((m.total, m.free + m.used), (total, total));
     let m2 = api.memory_v2(a100, MEMORY_V2).unwrap();
@@ -597,11 +599,8 @@ fn profile_info_is_queried_by_enum_index() {
         .profile_v1(a100, NVML_GPU_INSTANCE_PROFILE_1_SLICE)
         .unwrap();
     assert_eq!((one.id, one.sliceCount, one.instanceCount), (19, 1, 7));
-    let expected = common::profile("A100-40GB", 19);
-    assert_eq!(
-        (one.multiprocessorCount, one.memorySizeMB),
-        (expected.sm_count, expected.memory_mib)
-    );
+    // 1g.5gb: 14 SMs (mig.md); 4864 MiB = 4.75 GiB (mig.md's ≈ 4.75 GiB).
+    assert_eq!((one.multiprocessorCount, one.memorySizeMB), (14, 4864));
     let double = api
         .profile_v1(a100, NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2)
         .unwrap();
@@ -622,7 +621,7 @@ fn profile_info_is_queried_by_enum_index() {
         "MIG off"
     );
 
-    // Enumerating until INVALID_ARGUMENT finds the catalogue's seven profiles.
+    // Enumerating until INVALID_ARGUMENT finds the A100's seven profiles.
     let ids: Vec<u32> = (0..)
         .map(|e| api.profile_v1(a100, e))
         .take_while(|r| r.as_ref().err() != Some(&INVALID_ARGUMENT))
@@ -648,6 +647,173 @@ fn profile_info_is_queried_by_enum_index() {
         Some(VERSION_MISMATCH)
     );
     assert_eq!(api.profile_v2(a100, 0, 0).err(), Some(VERSION_MISMATCH));
+}
+
+/// A GPU-instance profile as NVML must report it, stated as literals from
+/// `shared/reference/mig.md` (ids, enum indices, slices, instance counts,
+/// SMs, placements) and, where mig.md gives only a range, the MiB the
+/// simulated node chose in it — never read from `tessera_model`'s catalogue,
+/// which is what the simulated library serves.
+struct WantProfile {
+    enum_index: u32,
+    id: u32,
+    name: &'static str,
+    slices: u32,
+    instances: u32,
+    sms: u32,
+    mib: u32,
+    starts: &'static [u32],
+    size: u32,
+}
+
+/// One model per family, with its whole-GPU name and memory.
+struct WantModel {
+    key: &'static str,
+    product: &'static str,
+    mib: u64,
+    profiles: &'static [WantProfile],
+}
+
+const fn want(
+    enum_index: u32,
+    id: u32,
+    name: &'static str,
+    (slices, instances, sms, mib): (u32, u32, u32, u32),
+    starts: &'static [u32],
+    size: u32,
+) -> WantProfile {
+    WantProfile {
+        enum_index,
+        id,
+        name,
+        slices,
+        instances,
+        sms,
+        mib,
+        starts,
+        size,
+    }
+}
+
+const ALL_7: &[u32] = &[0, 1, 2, 3, 4, 5, 6];
+
+const FAMILIES: [WantModel; 6] = [
+    WantModel {
+        key: "A100-40GB",
+        product: "NVIDIA A100-SXM4-40GB",
+        mib: 40960,
+        profiles: &[
+            want(0, 19, "1g.5gb", (1, 7, 14, 4864), ALL_7, 1),
+            want(1, 14, "2g.10gb", (2, 3, 28, 9856), &[0, 2, 4], 2),
+            want(2, 9, "3g.20gb", (3, 2, 42, 20096), &[0, 4], 4),
+            want(3, 5, "4g.20gb", (4, 1, 56, 20096), &[0], 4),
+            want(4, 0, "7g.40gb", (7, 1, 98, 40448), &[0], 8),
+            want(7, 20, "1g.5gb+me", (1, 1, 14, 4864), ALL_7, 1),
+            want(9, 15, "1g.10gb", (1, 4, 14, 9856), &[0, 2, 4, 6], 2),
+        ],
+    },
+    WantModel {
+        key: "H100-80GB",
+        product: "NVIDIA H100 80GB HBM3",
+        mib: 81559,
+        profiles: &[
+            want(0, 19, "1g.10gb", (1, 7, 16, 9984), ALL_7, 1),
+            want(1, 14, "2g.20gb", (2, 3, 32, 20096), &[0, 2, 4], 2),
+            want(2, 9, "3g.40gb", (3, 2, 60, 40448), &[0, 4], 4),
+            want(3, 5, "4g.40gb", (4, 1, 64, 40448), &[0], 4),
+            want(4, 0, "7g.80gb", (7, 1, 132, 81152), &[0], 8),
+            want(9, 15, "1g.20gb", (1, 4, 26, 20096), &[0, 2, 4, 6], 2),
+        ],
+    },
+    WantModel {
+        key: "H200-141GB",
+        product: "NVIDIA H200",
+        mib: 143771,
+        profiles: &[
+            // 16 GiB, 32.5 GiB and 140 GiB: verified in mig.md.
+            want(0, 19, "1g.18gb", (1, 7, 16, 16384), ALL_7, 1),
+            want(1, 14, "2g.35gb", (2, 3, 32, 33280), &[0, 2, 4], 2),
+            want(4, 0, "7g.141gb", (7, 1, 132, 143360), &[0], 8),
+        ],
+    },
+    WantModel {
+        key: "B200",
+        product: "NVIDIA B200",
+        mib: 183359,
+        profiles: &[
+            // 1g = 18 SMs, 148 in all (mig.md); 3g takes 4 of 8 memory slices.
+            want(0, 19, "1g.23gb", (1, 7, 18, 22784), ALL_7, 1),
+            want(2, 9, "3g.90gb", (3, 2, 54, 90880), &[0, 4], 4),
+            want(4, 0, "7g.180gb", (7, 1, 148, 182272), &[0], 8),
+        ],
+    },
+    WantModel {
+        key: "A30",
+        product: "NVIDIA A30",
+        mib: 24576,
+        profiles: &[
+            // 5952 / 11968 MiB verified (mig.md); a 4-slice axis.
+            want(0, 14, "1g.6gb", (1, 4, 14, 5952), &[0, 1, 2, 3], 1),
+            want(1, 5, "2g.12gb", (2, 2, 28, 11968), &[0, 2], 2),
+            want(3, 0, "4g.24gb", (4, 1, 56, 24192), &[0], 4),
+            want(7, 21, "1g.6gb+me", (1, 1, 14, 5952), &[0, 1, 2, 3], 1),
+            want(8, 6, "2g.12gb+me", (2, 1, 28, 11968), &[0, 2], 2),
+        ],
+    },
+    WantModel {
+        key: "RTX-PRO-6000",
+        product: "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        mib: 97887,
+        profiles: &[
+            // A 12-slice axis (mig.md).
+            want(0, 14, "1g.24gb", (1, 4, 46, 24064), &[0, 3, 6, 9], 3),
+            want(1, 5, "2g.48gb", (2, 2, 94, 48384), &[0, 6], 6),
+            want(3, 0, "4g.96gb", (4, 1, 188, 97024), &[0], 12),
+            want(0xA, 47, "1g.24gb+gfx", (1, 4, 46, 24064), &[0, 3, 6, 9], 3),
+        ],
+    },
+];
+
+#[test]
+fn every_family_serves_the_reference_profiles() {
+    let gpus = FAMILIES
+        .iter()
+        .zip(0..)
+        .map(|(m, i)| gpu(i, i, m.key, true))
+        .collect();
+    let node = SimNode::new(gpus);
+    let api = Api(node.load());
+    api.init().expect("init");
+    for (model, i) in FAMILIES.iter().zip(0..) {
+        let d = api.device(i).unwrap();
+        assert_eq!(api.name(d).unwrap(), model.product, "{}", model.key);
+        assert_eq!(
+            api.memory(d).unwrap().total,
+            model.mib * MIB,
+            "{}",
+            model.key
+        );
+        for p in model.profiles {
+            let what = format!("{} {} (enum {})", model.key, p.name, p.enum_index);
+            let info = api
+                .profile_v2(d, p.enum_index, GI_INFO_V2)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(text(&info.name), format!("MIG {}", p.name), "{what}");
+            assert_eq!(
+                (
+                    info.id,
+                    info.sliceCount,
+                    info.instanceCount,
+                    info.multiprocessorCount,
+                    info.memorySizeMB
+                ),
+                (p.id, p.slices, p.instances, p.sms, u64::from(p.mib)),
+                "{what}: (id, slices, instances, SMs, MiB)"
+            );
+            let want: Vec<(u32, u32)> = p.starts.iter().map(|s| (*s, p.size)).collect();
+            assert_eq!(api.placements(d, p.id).unwrap(), want, "{what}: placements");
+        }
+    }
 }
 
 #[test]
@@ -736,7 +902,8 @@ fn gpu_instances_are_created_listed_and_destroyed_by_the_driver_rules() {
             cip.instanceCount,
             cip.multiprocessorCount
         ),
-        (2, 3, 1, common::profile("A100-40GB", P_3G).sm_count)
+        (2, 3, 1, 42),
+        "3g.20gb: 42 SMs (mig.md)"
     );
     let v2 = api.ci_profile_v2(gi, 2, CI_INFO_V2).unwrap();
     assert_eq!(text(&v2.name), "MIG 3g.20gb");
@@ -825,11 +992,11 @@ fn mig_devices_are_handles_to_compute_instances() {
         "NVIDIA A100-SXM4-40GB MIG 3g.20gb"
     );
     let mem = api.memory(second).unwrap();
-    let expected = common::profile("A100-40GB", P_1G).memory_mib * MIB;
-    assert_eq!(mem.total, expected, "the 1g profile's memory");
+    assert_eq!(mem.total, 4864 * MIB, "the 1g.5gb profile's memory");
     assert_eq!(
         api.memory_v2(first, MEMORY_V2).unwrap().total,
-        common::profile("A100-40GB", P_3G).memory_mib * MIB
+        20096 * MIB,
+        "the 3g.20gb profile's memory (≈ 19.62 GiB)"
     );
     assert_eq!(api.minor(first), Err(NOT_SUPPORTED), "ask the parent");
     assert_eq!(api.mig_mode(first), Err(NOT_SUPPORTED));

@@ -44,7 +44,8 @@ fn nvml_wrapper_reads_devices_and_mig_devices() {
     assert_eq!(a100.minor_number().unwrap(), 1);
     assert_eq!(
         h100.memory_info().unwrap().total,
-        common::gpu_bytes("H100-80GB")
+        81559 * common::MIB,
+        "H100 80GB HBM3: 81559 MiB as the simulated node serves it"
     );
     let mode = h100.mig_mode().unwrap();
     assert_eq!((mode.current, mode.pending), (1, 1));
@@ -58,8 +59,8 @@ fn nvml_wrapper_reads_devices_and_mig_devices() {
         Err(NvmlError::NotFound)
     ));
     let p = h100.profile_info(0).unwrap();
-    let expected = common::profile("H100-80GB", 19).memory_mib;
-    assert_eq!((p.id, p.slice_count, p.memory_size_mb), (19, 1, expected));
+    // 1g.10gb: 9984 MiB = 9.75 GiB (mig.md: ≈ 9.75 GiB).
+    assert_eq!((p.id, p.slice_count, p.memory_size_mb), (19, 1, 9984));
 
     // GI and CI through the raw calls, as the driver makes them.
     let lib = nvml.lib();
@@ -85,8 +86,8 @@ fn nvml_wrapper_reads_devices_and_mig_devices() {
     assert!(mig.mig_is_mig_device_handle().unwrap());
     assert!(mig.uuid().unwrap().starts_with("MIG-"));
     assert_eq!(mig.name().unwrap(), "NVIDIA H100 80GB HBM3 MIG 3g.40gb");
-    let expected = common::profile("H100-80GB", 9).memory_mib * common::MIB;
-    assert_eq!(mig.memory_info().unwrap().total, expected);
+    // 3g.40gb: 40448 MiB = 39.5 GiB (mig.md: ≈ 39.5 GiB).
+    assert_eq!(mig.memory_info().unwrap().total, 40448 * common::MIB);
     assert_eq!(
         mig.mig_parent_device().unwrap().uuid().unwrap(),
         state.gpus[0].uuid

@@ -49,6 +49,41 @@ enum Command {
         #[arg(long)]
         root: PathBuf,
     },
+    /// Print the device time each process's kernels took on a simulated
+    /// device's shared timeline (key=value lines).
+    Timeline {
+        /// The node's root directory.
+        #[arg(long)]
+        root: PathBuf,
+        /// NVML index of the GPU.
+        #[arg(long, default_value_t = 0)]
+        gpu: u32,
+        /// A MIG device of it, `<gi>:<ci>`.
+        #[arg(long, value_parser = parse_mig)]
+        mig: Option<(u32, u32)>,
+        /// Seconds to wait before the (first) snapshot.
+        #[arg(long, default_value_t = 0.0)]
+        after: f64,
+        /// Take a second snapshot this many seconds later and print busy
+        /// fractions over the window (default: cumulative figures now).
+        #[arg(long)]
+        window: Option<f64>,
+    },
+}
+
+fn parse_mig(text: &str) -> Result<(u32, u32), String> {
+    let (gi, ci) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: expected <gi>:<ci>"))?;
+    let num = |s: &str| {
+        s.parse::<u32>()
+            .map_err(|_| format!("{s:?} is not a number"))
+    };
+    Ok((num(gi)?, num(ci)?))
+}
+
+fn seconds(value: f64) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(value.clamp(0.0, 3600.0))
 }
 
 fn main() -> ExitCode {
@@ -65,11 +100,10 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             // clap's message spans lines before its usage block; keep it to one.
-            let text = e.to_string();
-            let message = text.split("Usage:").next().unwrap_or_default();
-            let message = message.strip_prefix("error:").unwrap_or(message);
-            let message = message.split_whitespace().collect::<Vec<_>>().join(" ");
-            eprintln!("tessera-sim: {message} (see tessera-sim --help)");
+            eprintln!(
+                "{}",
+                report::usage_error_line("tessera-sim", &e.to_string())
+            );
             return ExitCode::from(2);
         }
     };
@@ -83,6 +117,17 @@ fn main() -> ExitCode {
         } => create(&profile, root, force, nvml_lib, cuda_lib),
         Command::Profiles => Ok(report::list_profiles()),
         Command::Show { root } => show(root),
+        Command::Timeline {
+            root,
+            gpu,
+            mig,
+            after,
+            window,
+        } => tessera_sim::timeline::report(
+            &tessera_sim::timeline::path(&root, gpu, mig),
+            seconds(after),
+            window.map(seconds),
+        ),
     };
     match result {
         Ok(text) => {

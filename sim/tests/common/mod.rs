@@ -1,4 +1,5 @@
-//! Helpers shared by the integration tests.
+//! Helpers of the node builder's own tests: stand-in library files the
+//! builder only copies. (The prerequisite rule is `tessera-test-support`'s.)
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -26,18 +27,6 @@ pub fn fake_libs(dir: &Path) -> BuildOptions {
         nvml_library: Some(fake_nvml(dir)),
         cuda_library: Some(fake_cuda(dir)),
         ..BuildOptions::default()
-    }
-}
-
-/// Whether this process may make device nodes; prints why not when it may not.
-pub fn can_mknod(test: &str) -> bool {
-    let dir = tempfile::tempdir().expect("make a temporary directory");
-    match tessera_sim::devnode::make_char_node(&dir.path().join("probe"), 1, 3, 0o666) {
-        Ok(()) => true,
-        Err(e) => {
-            eprintln!("SKIP {test}: cannot make device nodes here ({e})");
-            false
-        }
     }
 }
 

@@ -3,12 +3,13 @@
 //! program) with `libtessera_vgpu.so` preloaded.
 //!
 //! The artefacts come from the same target directory and profile as the
-//! test binary: `cargo build -p tessera-vgpu -p tessera-sim -p
-//! tessera-sim-cuda -p tessera-sim-nvml` first (scripts/test.sh does).
-//! Missing ones make a test print `SKIPPED: …` and pass — except under CI
-//! (`CI` set) or with `TESSERA_REQUIRE_SIM=1` (scripts/test.sh), where they
-//! fail it.
+//! test binary: `cargo build --workspace` first (scripts/test.sh does). They,
+//! and root for the simulated node's device nodes, are prerequisites by
+//! `tessera-test-support`'s one rule: missing, a test skips and says so, or
+//! fails under `CI` / `TESSERA_REQUIRE_ALL=1` (scripts/test.sh).
 #![allow(dead_code)]
+
+pub mod sequences;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -17,35 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Whether a missing prerequisite fails the test instead of skipping it.
-pub fn under_ci() -> bool {
-    let set = |name: &str| {
-        std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0" && v != "false")
-    };
-    set("CI") || set("TESSERA_REQUIRE_SIM")
-}
-
-/// Skips the test (prints why), or fails it under CI.
-pub fn skip(reason: &str) {
-    assert!(
-        !under_ci(),
-        "{reason} (CI is set: a missing prerequisite fails the test)"
-    );
-    eprintln!("SKIPPED: {reason}");
-}
-
-/// Whether this process runs as root (some arrangements need it), read
-/// from the effective uid in `/proc/self/status`.
-pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
-}
+use tessera_test_support::node::SimNode;
+#[allow(unused_imports, reason = "each test file uses a different part")]
+pub use tessera_test_support::prereq::is_root;
+#[allow(unused_imports, reason = "each test file uses a different part")]
+pub use tessera_test_support::{Need, require};
 
 /// The build outputs the tests run.
 #[derive(Clone, Debug)]
@@ -54,51 +31,39 @@ pub struct Artefacts {
     pub dir: PathBuf,
     /// `libtessera_vgpu.so`.
     pub lib: PathBuf,
-    /// `tessera-sim`.
-    pub sim: PathBuf,
     /// `tessera-cuda-probe` (dlopen + cuGetProcAddress or dlsym).
     pub probe: PathBuf,
     /// `tessera-cuda-probe-linked` (linked against libcuda.so.1).
     pub probe_linked: PathBuf,
 }
 
-/// The artefacts, or `None` after [`skip`] when any is missing (or when a
-/// container limits file on this machine would override the tests' own).
+/// The artefacts, or `None` after a skip when any is missing, when the
+/// simulated node cannot be built here (root), or when a container limits
+/// file on this machine would override the tests' own.
 pub fn artefacts() -> Option<Artefacts> {
-    let container_file = Path::new(tessera_model::vgpu::CONTAINER_CONFIG_PATH);
-    if container_file.exists() {
-        skip(&format!(
-            "{} exists on this machine and would override every test's limits",
-            container_file.display()
-        ));
-        return None;
-    }
-    // target/<profile>/deps/<test binary>
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary under target/<profile>/deps")
-        .to_path_buf();
+    let dir = tessera_test_support::target_dir();
+    // A positive control runs the same tests against another build of the
+    // library (scripts/control-vgpu-previous.sh): they must fail there.
+    let lib = std::env::var_os("TESSERA_TEST_VGPU_LIBRARY")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| dir.join("libtessera_vgpu.so"), PathBuf::from);
     let a = Artefacts {
-        lib: dir.join("libtessera_vgpu.so"),
-        sim: dir.join("tessera-sim"),
+        lib,
         probe: dir.join("tessera-cuda-probe"),
         probe_linked: dir.join("tessera-cuda-probe-linked"),
         dir,
     };
-    let missing: Vec<String> = [&a.lib, &a.sim, &a.probe, &a.probe_linked]
-        .into_iter()
-        .filter(|p| !p.exists())
-        .map(|p| p.display().to_string())
-        .collect();
-    if !missing.is_empty() {
-        skip(&format!(
-            "not built: {} (cargo build -p tessera-vgpu -p tessera-sim -p tessera-sim-cuda -p tessera-sim-nvml)",
-            missing.join(", ")
-        ));
-        return None;
-    }
+    let mut needs = vec![
+        Need::absent(
+            tessera_model::vgpu::CONTAINER_CONFIG_PATH,
+            "it would override every test's limits",
+        ),
+        Need::Built("libtessera_vgpu.so"),
+        Need::Built("tessera-cuda-probe"),
+        Need::Built("tessera-cuda-probe-linked"),
+    ];
+    needs.extend(SimNode::profile("demo").needs());
+    require(&needs).ok()?;
     Some(a)
 }
 
@@ -117,7 +82,7 @@ pub struct Limit {
 pub struct Node {
     /// The artefacts.
     pub a: Artefacts,
-    _dir: tempfile::TempDir,
+    _node: SimNode,
     /// Scratch directory (config files, programs).
     pub work: PathBuf,
     /// The node root.
@@ -145,21 +110,15 @@ const CLEARED_PREFIXES: &[&str] = &[
 ];
 
 impl Node {
-    /// `tessera-sim create --profile <profile>`, then the uuids from `probe info`.
+    /// A simulated node of `profile` (`tessera-test-support`'s builder, as
+    /// `tessera-sim create` lays it out), then the uuids from `probe info`.
+    /// Call [`artefacts`] first: it requires what the node needs.
     pub fn create(a: Artefacts, profile: &str) -> Node {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let work = dir.path().to_path_buf();
-        let root = work.join("node");
-        let out = Command::new(&a.sim)
-            .args(["create", "--profile", profile, "--root"])
-            .arg(&root)
-            .output()
-            .expect("run tessera-sim");
-        assert!(
-            out.status.success(),
-            "tessera-sim create --profile {profile} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let sim = SimNode::profile(profile)
+            .build()
+            .unwrap_or_else(|skip| panic!("call artefacts() first: {}", skip.reason));
+        let work = sim.dir().to_path_buf();
+        let root = sim.root().to_path_buf();
         // As the node side makes it: a directory only its owner may write,
         // holding an empty region file every user may open.
         let accounting = work.join("accounting");
@@ -174,18 +133,14 @@ impl Node {
         )
         .expect("region file");
         let mut node = Node {
-            libdir: root.join("usr/lib/x86_64-linux-gnu"),
+            libdir: sim.lib_dir(),
+            mig_uuids: sim.mig_uuids(),
             a,
-            _dir: dir,
+            _node: sim,
             work,
             root,
             accounting,
             uuids: Vec::new(),
-            mig_uuids: String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .filter(|w| w.starts_with("MIG-"))
-                .map(str::to_owned)
-                .collect(),
         };
         let info = node.probe(None).arg("info").run();
         info.expect_success();
@@ -233,6 +188,39 @@ impl Node {
             }],
             "",
         )
+    }
+
+    /// Writes the limits file `<name>.json` of a container of its own on
+    /// this node: its own accounting directory (`<name>-accounting`, made
+    /// as the node side makes it), so its processes share nothing with the
+    /// other containers' but the device. Returns the file's path.
+    pub fn container(&self, name: &str, devices: &[Limit]) -> PathBuf {
+        let accounting = self.work.join(format!("{name}-accounting"));
+        std::fs::create_dir_all(&accounting).expect("accounting dir");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&accounting, std::fs::Permissions::from_mode(0o755))
+                .expect("chmod accounting dir");
+        }
+        tessera_vgpu::accounting::create_file(
+            &accounting.join(tessera_model::vgpu::ACCOUNTING_FILE_NAME),
+        )
+        .expect("region file");
+        let devices: Vec<String> = devices
+            .iter()
+            .map(|l| {
+                format!(
+                    r#"{{"uuid": "{}", "memoryLimitMiB": {}, "smLimitPercent": {}}}"#,
+                    self.uuids[l.gpu], l.memory_mib, l.sm_percent
+                )
+            })
+            .collect();
+        let text = format!(
+            r#"{{"version": 1, "devices": [{}], "accountingDir": "{}"}}"#,
+            devices.join(", "),
+            accounting.display()
+        );
+        self.write(&format!("{name}.json"), &text)
     }
 
     /// Writes a limits file naming devices by uuid: `(uuid, memory MiB)`.
@@ -287,9 +275,10 @@ impl Node {
     }
 
     /// Compiles the C program `tests/c/<name>.c` into the scratch
-    /// directory as `output`, with extra compiler arguments; `None` after
-    /// [`skip`] without a C compiler.
+    /// directory as `output`, with extra compiler arguments; `None` after a
+    /// skip without a C compiler.
     pub fn compile_c(&self, name: &str, output: &str, extra: &[&str]) -> Option<PathBuf> {
+        require(&[Need::Program("cc")]).ok()?;
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
         let out = self.work.join(output);
         let result = Command::new("cc")
@@ -307,12 +296,7 @@ impl Node {
                 source.display(),
                 String::from_utf8_lossy(&o.stderr)
             ),
-            Err(e) => {
-                skip(&format!(
-                    "no C compiler (cc: {e}); apt-get install build-essential"
-                ));
-                None
-            }
+            Err(e) => panic!("running cc: {e}"),
         }
     }
 }
@@ -356,6 +340,18 @@ impl Probe {
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+
+    /// Starts it, output captured; [`Running::wait`] collects it.
+    pub fn spawn(mut self) -> Running {
+        let described = format!("{:?}", self.0);
+        let child = self
+            .0
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {described}: {e}"));
+        Running { child, described }
     }
 
     /// Starts it and waits until it prints `state=holding` (an `alloc
@@ -404,6 +400,34 @@ impl Probe {
             described,
             seen,
         }
+    }
+}
+
+/// A program started by [`Probe::spawn`].
+pub struct Running {
+    /// The process.
+    pub child: Child,
+    described: String,
+}
+
+impl Running {
+    /// Its pid (the host's: the tests run in the host's pid namespace).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for it to end and collects its output.
+    pub fn wait(self) -> Output {
+        let out = self
+            .child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("wait for {}: {e}", self.described));
+        Output::new(
+            self.described,
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 }
 

@@ -2,13 +2,14 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use crate::driver::{self, Res};
+use crate::driver::{self, Driver, Res};
 use crate::ffi::*;
 use crate::handle::{Handle, Kind};
 use crate::out;
 use crate::publish;
+use crate::registry::Registry;
 
-use super::entry;
+use super::{entry, with_driver, with_handle};
 
 fn device_index(dev: CuDevice) -> Res<u32> {
     driver::get()?.device(dev)?;
@@ -19,6 +20,30 @@ fn device_index(dev: CuDevice) -> Res<u32> {
 fn live_current() -> Res<Handle> {
     let driver = driver::get()?;
     driver.registry().live_context(driver::current_context())
+}
+
+/// Makes something in the calling thread's live current context and writes
+/// it through `created`: `INVALID_VALUE` (and nothing made) when `created`
+/// is null, else what `make` returns, given the driver, its registry (held
+/// while `make` runs) and the context.
+///
+/// # Safety
+/// `created` is null or valid for one write.
+pub(super) unsafe fn make_in_current<T>(
+    created: *mut T,
+    make: impl FnOnce(&Driver, &mut Registry, Handle) -> Res<T>,
+) -> Res<()> {
+    if created.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let driver = driver::get()?;
+    let value = {
+        let mut registry = driver.registry();
+        let ctx = registry.live_context(driver::current_context())?;
+        make(driver, &mut registry, ctx)?
+    };
+    // SAFETY: the caller's contract (non-null).
+    unsafe { out::write(created, value) }
 }
 
 /// `cuDevicePrimaryCtxGetState`: flags 0; active while retained.
@@ -49,14 +74,37 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
 /// reference; does not make it current.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CuContext, dev: CuDevice) -> CuResult {
+    new_context(pctx, dev, |driver, device| {
+        driver.registry().retain_primary(driver, device)
+    })
+}
+
+/// Changes the contexts of device `dev` with `change` (given the driver and
+/// the device's index), then publishes the node's new state.
+fn change_contexts<T>(
+    dev: CuDevice,
+    change: impl FnOnce(&'static Driver, u32) -> Res<T>,
+) -> Res<T> {
+    let device = device_index(dev)?;
+    let changed = change(driver::get()?, device)?;
+    publish::publish_now();
+    Ok(changed)
+}
+
+/// A context on device `dev` from `make`, written through `pctx`:
+/// `INVALID_VALUE` (and nothing made) when `pctx` is null.
+fn new_context(
+    pctx: *mut CuContext,
+    dev: CuDevice,
+    make: impl FnOnce(&'static Driver, u32) -> Res<Handle>,
+) -> CuResult {
     entry(|| {
-        let device = device_index(dev)?;
-        if pctx.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let driver = driver::get()?;
-        let ctx = driver.registry().retain_primary(driver, device)?;
-        publish::publish_now();
+        let ctx = change_contexts(dev, |driver, device| {
+            if pctx.is_null() {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            make(driver, device)
+        })?;
         // SAFETY: cuda.h contract: `pctx` is valid for one write (non-null).
         unsafe { out::write(pctx, ctx.ptr()) }
     })
@@ -64,22 +112,18 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CuContext, dev: CuD
 
 fn release_primary(dev: CuDevice) -> CuResult {
     entry(|| {
-        let device = device_index(dev)?;
-        let driver = driver::get()?;
-        driver.registry().release_primary(driver, device)?;
-        publish::publish_now();
-        Ok(())
+        change_contexts(dev, |driver, device| {
+            driver.registry().release_primary(driver, device)
+        })
     })
 }
 
 fn reset_primary(dev: CuDevice) -> CuResult {
     entry(|| {
-        let device = device_index(dev)?;
-        let driver = driver::get()?;
-        driver.device_at(device)?.timeline.wait_idle();
-        driver.registry().reset_primary(driver, device)?;
-        publish::publish_now();
-        Ok(())
+        change_contexts(dev, |driver, device| {
+            driver.device_at(device)?.timeline.wait_idle();
+            driver.registry().reset_primary(driver, device)
+        })
     })
 }
 
@@ -101,8 +145,7 @@ pub extern "C" fn cuDevicePrimaryCtxReset(dev: CuDevice) -> CuResult {
 /// accepted and not modelled.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         let mut registry = driver.registry();
         let ctx = registry.live_context(driver::current_context())?;
         match limit {
@@ -117,8 +160,7 @@ pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CuResult {
 /// stack, 1 MiB for printf.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetLimit(pvalue: *mut usize, limit: c_int) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         let registry = driver.registry();
         let ctx = registry.live_context(driver::current_context())?;
         let value = match limit {
@@ -146,30 +188,35 @@ fn stream_context(stream: CuStream) -> Res<Handle> {
     }
 }
 
+/// Writes what `answer` makes of `h_stream`'s context through `result`:
+/// `INVALID_VALUE` when `result` is null (checked after the stream).
+fn answer_for_stream<T>(
+    h_stream: CuStream,
+    result: *mut T,
+    answer: impl FnOnce(Handle) -> Res<T>,
+) -> CuResult {
+    entry(|| {
+        let ctx = stream_context(h_stream)?;
+        if result.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let value = answer(ctx)?;
+        // SAFETY: cuda.h contract: the answer's pointer is valid for one write (non-null).
+        unsafe { out::write(result, value) }
+    })
+}
+
 /// `cuStreamGetCtx`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetCtx(h_stream: CuStream, pctx: *mut CuContext) -> CuResult {
-    entry(|| {
-        let ctx = stream_context(h_stream)?;
-        if pctx.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // SAFETY: cuda.h contract: `pctx` is valid for one write (non-null).
-        unsafe { out::write(pctx, ctx.ptr()) }
-    })
+    answer_for_stream(h_stream, pctx, |ctx| Ok(ctx.ptr()))
 }
 
 /// `cuStreamGetDevice` (CUDA 12.8).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamGetDevice(h_stream: CuStream, device: *mut CuDevice) -> CuResult {
-    entry(|| {
-        let ctx = stream_context(h_stream)?;
-        if device.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let dev = CuDevice::try_from(ctx.device).map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
-        // SAFETY: cuda.h contract: `device` is valid for one write (non-null).
-        unsafe { out::write(device, dev) }
+    answer_for_stream(h_stream, device, |ctx| {
+        CuDevice::try_from(ctx.device).map_err(|_| CUDA_ERROR_INVALID_CONTEXT)
     })
 }
 
@@ -188,17 +235,10 @@ pub extern "C" fn cuDevicePrimaryCtxRelease(dev: CuDevice) -> CuResult {
 
 /// Creates a context on `dev` and pushes it on the calling thread's stack.
 fn create(pctx: *mut CuContext, dev: CuDevice) -> CuResult {
-    entry(|| {
-        let device = device_index(dev)?;
-        if pctx.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let driver = driver::get()?;
+    new_context(pctx, dev, |driver, device| {
         let ctx = driver.registry().create_context(driver, device)?;
-        publish::publish_now();
         driver::push_current(ctx);
-        // SAFETY: cuda.h contract: `pctx` is valid for one write (non-null).
-        unsafe { out::write(pctx, ctx.ptr()) }
+        Ok(ctx)
     })
 }
 
@@ -242,21 +282,23 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 /// calling thread's stack; `INVALID_CONTEXT` for a primary context.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CuContext) -> CuResult {
-    entry(|| {
-        let ctx = Handle::of(ctx, Kind::Context).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
-        let driver = driver::get()?;
-        driver.registry().destroy_context(driver, ctx)?;
-        driver::forget_context(ctx);
-        publish::publish_now();
-        Ok(())
-    })
+    with_handle(
+        ctx,
+        Kind::Context,
+        CUDA_ERROR_INVALID_CONTEXT,
+        |driver, ctx| {
+            driver.registry().destroy_context(driver, ctx)?;
+            driver::forget_context(ctx);
+            publish::publish_now();
+            Ok(())
+        },
+    )
 }
 
 /// `cuCtxSetCurrent`: replaces the top of the calling thread's stack; NULL pops it.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CuContext) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         if ctx.is_null() {
             driver::set_current(None);
             return Ok(());
@@ -294,8 +336,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CuDevice) -> CuResult {
 /// `cuCtxPushCurrent_v2`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: CuContext) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         let h = driver
             .registry()
             .live_context(Handle::of(ctx, Kind::Context))?;
@@ -337,28 +378,20 @@ pub extern "C" fn cuCtxSynchronize() -> CuResult {
 /// `cuStreamCreate` in the current context. Flags are accepted and ignored.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamCreate(ph_stream: *mut CuStream, _flags: c_uint) -> CuResult {
-    entry(|| {
-        if ph_stream.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let driver = driver::get()?;
-        let stream = {
-            let mut registry = driver.registry();
-            let ctx = registry.live_context(driver::current_context())?;
-            registry.create_stream(ctx)
-        };
-        // SAFETY: cuda.h contract: `phStream` is valid for one write (non-null).
-        unsafe { out::write(ph_stream, stream.ptr()) }
-    })
+    let create = |_: &Driver, registry: &mut Registry, ctx| Ok(registry.create_stream(ctx).ptr());
+    // SAFETY: cuda.h contract: `phStream` is null or valid for one write.
+    entry(|| unsafe { make_in_current(ph_stream, create) })
 }
 
 /// `cuStreamDestroy_v2`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamDestroy_v2(h_stream: CuStream) -> CuResult {
-    entry(|| {
-        let stream = Handle::of(h_stream, Kind::Stream).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        driver::get()?.registry().destroy_stream(stream)
-    })
+    with_handle(
+        h_stream,
+        Kind::Stream,
+        CUDA_ERROR_INVALID_HANDLE,
+        |driver, stream| driver.registry().destroy_stream(stream),
+    )
 }
 
 /// `cuStreamSynchronize`: waits until the stream's device is idle (one
@@ -375,27 +408,24 @@ pub unsafe extern "C" fn cuStreamSynchronize(h_stream: CuStream) -> CuResult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut CuModule, image: *const c_void) -> CuResult {
     entry(|| {
-        if module.is_null() || image.is_null() {
+        if image.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let driver = driver::get()?;
-        let h = {
-            let mut registry = driver.registry();
-            let ctx = registry.live_context(driver::current_context())?;
-            registry.load_module(ctx)
-        };
-        // SAFETY: cuda.h contract: `module` is valid for one write (non-null).
-        unsafe { out::write(module, h.ptr()) }
+        let load = |_: &Driver, registry: &mut Registry, ctx| Ok(registry.load_module(ctx).ptr());
+        // SAFETY: cuda.h contract: `module` is null or valid for one write.
+        unsafe { make_in_current(module, load) }
     })
 }
 
 /// `cuModuleUnload`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleUnload(hmod: CuModule) -> CuResult {
-    entry(|| {
-        let module = Handle::of(hmod, Kind::Module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        driver::get()?.registry().unload_module(module)
-    })
+    with_handle(
+        hmod,
+        Kind::Module,
+        CUDA_ERROR_INVALID_HANDLE,
+        |driver, module| driver.registry().unload_module(module),
+    )
 }
 
 /// `cuModuleGetFunction`: any name gives a function handle.

@@ -7,6 +7,7 @@ use crate::config;
 use crate::driver;
 use crate::ffi::*;
 use crate::out;
+use crate::publish;
 
 use super::entry;
 
@@ -20,10 +21,8 @@ pub extern "C" fn cuInit(flags: c_uint) -> CuResult {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        match driver::init() {
-            CUDA_SUCCESS => Ok(()),
-            code => Err(code),
-        }
+        publish::start(driver::init()?);
+        Ok(())
     })
 }
 
@@ -73,8 +72,8 @@ pub unsafe extern "C" fn cuGetErrorName(error: CuResult, p_str: *mut *const c_ch
 }
 
 /// Not part of CUDA: the device time this process's work on device `dev`
-/// has used so far, and the `CLOCK_MONOTONIC` time it was read at, both in
-/// ns. What `tessera-cuda-probe launch` reports as the busy fraction.
+/// has used so far (never biased, unlike what it publishes for NVML), and
+/// the `CLOCK_MONOTONIC` time it was read at, both in ns. What `tessera-cuda-probe launch` reports as the busy fraction.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tesseraSimCudaGetBusyNs(
     dev: CuDevice,
@@ -84,7 +83,7 @@ pub unsafe extern "C" fn tesseraSimCudaGetBusyNs(
     entry(|| {
         let d = driver::get()?.device(dev)?;
         let now = clock::monotonic_ns();
-        let busy = d.timeline.busy_ns(now);
+        let busy = d.timeline.completed_ns(now);
         // SAFETY: both pointers are null or valid for one write (our contract).
         unsafe {
             out::write(busy_ns, busy)?;

@@ -1,6 +1,6 @@
-//! Kernel launches and graphs: each costs its thread blocks ×
-//! `TESSERA_SIM_CUDA_NS_PER_BLOCK` of simulated time on the stream's
-//! device (see [`crate::timeline`]).
+//! Kernel launches and graphs: each costs simulated time on the stream's
+//! device's shared timeline, by the cost model of [`crate::timeline`]
+//! (launch overhead, blocks in whole waves, optional noise).
 
 use std::ffi::{c_uint, c_ulonglong, c_void};
 
@@ -9,7 +9,7 @@ use crate::ffi::*;
 use crate::handle::{Handle, Kind};
 use crate::out;
 
-use super::entry;
+use super::{entry, with_handle};
 
 /// Thread blocks of a launch geometry; `INVALID_VALUE` for an empty grid or
 /// a block of no or more than 1024 threads.
@@ -23,41 +23,67 @@ fn blocks(grid: [c_uint; 3], block: [c_uint; 3]) -> Res<u64> {
     Ok(blocks)
 }
 
-/// Enqueues a launch of `f` with `blocks` on `stream`'s device.
+/// Enqueues a launch of `f` with `blocks` on `stream`'s device. A
+/// cooperative launch must fit on the device at once (SMs × 32 blocks),
+/// else `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`.
 #[inline]
-fn launch(f: CuFunction, blocks: u64, stream: CuStream) -> Res<u64> {
+fn launch(f: CuFunction, blocks: u64, stream: CuStream, cooperative: bool) -> Res<()> {
     let driver = driver::get()?;
+    if cooperative {
+        let device = driver.device_at(driver::stream_device(stream)?)?;
+        if blocks > u64::from(device.spec.sm_count) * 32 {
+            return Err(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+        }
+    }
     if Handle::of(f, Kind::Function).is_none() {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
     let device = driver.device_at(driver::stream_device(stream)?)?;
-    device.timeline.enqueue(driver.launch_cost(blocks));
-    Ok(blocks)
+    device.timeline.launch(blocks);
+    Ok(())
 }
 
-/// `cuLaunchKernel`: asynchronous; blocks the caller only while more than
-/// 5 ms of work is queued. Kernel parameters are not read.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernel(
-    f: CuFunction,
-    grid_dim_x: c_uint,
-    grid_dim_y: c_uint,
-    grid_dim_z: c_uint,
-    block_dim_x: c_uint,
-    block_dim_y: c_uint,
-    block_dim_z: c_uint,
-    _shared_mem_bytes: c_uint,
-    h_stream: CuStream,
-    _kernel_params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
-) -> CuResult {
-    entry(|| {
-        let n = blocks(
-            [grid_dim_x, grid_dim_y, grid_dim_z],
-            [block_dim_x, block_dim_y, block_dim_z],
-        )?;
-        launch(f, n, h_stream).map(|_| ())
-    })
+/// An export with `cuLaunchKernel`'s parameters up to `kernelParams`, then
+/// `$extra`: the geometry's blocks launched by [`launch`]. Kernel parameters
+/// are not read.
+macro_rules! grid_launch {
+    ($(#[$doc:meta])* $name:ident($($extra:ident: $extra_ty:ty),*), cooperative: $cooperative:literal) => {
+        $(#[$doc])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            f: CuFunction,
+            grid_dim_x: c_uint,
+            grid_dim_y: c_uint,
+            grid_dim_z: c_uint,
+            block_dim_x: c_uint,
+            block_dim_y: c_uint,
+            block_dim_z: c_uint,
+            _shared_mem_bytes: c_uint,
+            h_stream: CuStream,
+            _kernel_params: *mut *mut c_void,
+            $($extra: $extra_ty),*
+        ) -> CuResult {
+            entry(|| {
+                let n = blocks(
+                    [grid_dim_x, grid_dim_y, grid_dim_z],
+                    [block_dim_x, block_dim_y, block_dim_z],
+                )?;
+                launch(f, n, h_stream, $cooperative)
+            })
+        }
+    };
+}
+
+grid_launch! {
+    /// `cuLaunchKernel`: asynchronous; blocks the caller only while more than
+    /// 5 ms of work is queued.
+    cuLaunchKernel(_extra: *mut *mut c_void), cooperative: false
+}
+
+grid_launch! {
+    /// `cuLaunchCooperativeKernel`: as `cuLaunchKernel`, but the grid must fit
+    /// on the device at once.
+    cuLaunchCooperativeKernel(), cooperative: true
 }
 
 /// `cuLaunchKernelEx`: the geometry and stream from `CUlaunchConfig`
@@ -76,37 +102,7 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
             [c.grid_dim_x, c.grid_dim_y, c.grid_dim_z],
             [c.block_dim_x, c.block_dim_y, c.block_dim_z],
         )?;
-        launch(f, n, c.stream).map(|_| ())
-    })
-}
-
-/// `cuLaunchCooperativeKernel`: as `cuLaunchKernel`, but the grid must fit
-/// on the device at once (SMs × 32 blocks), else
-/// `CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchCooperativeKernel(
-    f: CuFunction,
-    grid_dim_x: c_uint,
-    grid_dim_y: c_uint,
-    grid_dim_z: c_uint,
-    block_dim_x: c_uint,
-    block_dim_y: c_uint,
-    block_dim_z: c_uint,
-    _shared_mem_bytes: c_uint,
-    h_stream: CuStream,
-    _kernel_params: *mut *mut c_void,
-) -> CuResult {
-    entry(|| {
-        let n = blocks(
-            [grid_dim_x, grid_dim_y, grid_dim_z],
-            [block_dim_x, block_dim_y, block_dim_z],
-        )?;
-        let driver = driver::get()?;
-        let device = driver.device_at(driver::stream_device(h_stream)?)?;
-        if n > u64::from(device.spec.sm_count) * 32 {
-            return Err(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
-        }
-        launch(f, n, h_stream).map(|_| ())
+        launch(f, n, c.stream, false)
     })
 }
 
@@ -152,41 +148,34 @@ fn add_kernel_node(
     })
 }
 
-/// `cuGraphAddKernelNode_v2` (CUDA 12.0). Dependencies are accepted and
-/// not modelled: a graph's kernels run back to back.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
-    ph_graph_node: *mut CuGraphNode,
-    h_graph: CuGraph,
-    dependencies: *const CuGraphNode,
-    num_dependencies: usize,
-    node_params: *const CuKernelNodeParams,
-) -> CuResult {
-    add_kernel_node(
-        ph_graph_node,
-        h_graph,
-        dependencies,
-        num_dependencies,
-        node_params.cast(),
-    )
+/// An export of `cuGraphAddKernelNode` for one version of its parameter
+/// struct, through [`add_kernel_node`].
+macro_rules! add_kernel_node_export {
+    ($(#[$doc:meta])* $name:ident($params:ty)) => {
+        $(#[$doc])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            ph_graph_node: *mut CuGraphNode,
+            h_graph: CuGraph,
+            dependencies: *const CuGraphNode,
+            num_dependencies: usize,
+            node_params: *const $params,
+        ) -> CuResult {
+            let params = node_params.cast();
+            add_kernel_node(ph_graph_node, h_graph, dependencies, num_dependencies, params)
+        }
+    };
 }
 
-/// `cuGraphAddKernelNode` (CUDA 10.0, `CUDA_KERNEL_NODE_PARAMS` v1).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphAddKernelNode(
-    ph_graph_node: *mut CuGraphNode,
-    h_graph: CuGraph,
-    dependencies: *const CuGraphNode,
-    num_dependencies: usize,
-    node_params: *const CuKernelNodeParamsV1,
-) -> CuResult {
-    add_kernel_node(
-        ph_graph_node,
-        h_graph,
-        dependencies,
-        num_dependencies,
-        node_params,
-    )
+add_kernel_node_export! {
+    /// `cuGraphAddKernelNode_v2` (CUDA 12.0). Dependencies are accepted and
+    /// not modelled: a graph's kernels run back to back.
+    cuGraphAddKernelNode_v2(CuKernelNodeParams)
+}
+
+add_kernel_node_export! {
+    /// `cuGraphAddKernelNode` (CUDA 10.0, `CUDA_KERNEL_NODE_PARAMS` v1).
+    cuGraphAddKernelNode(CuKernelNodeParamsV1)
 }
 
 fn instantiate(ph_graph_exec: *mut CuGraphExec, h_graph: CuGraph) -> Res<()> {
@@ -222,33 +211,40 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
 }
 
 /// `cuGraphLaunch`: the graph's kernels as one piece of work on the
-/// stream's device.
+/// stream's device (one launch of all their blocks: one overhead).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphLaunch(h_graph_exec: CuGraphExec, h_stream: CuStream) -> CuResult {
-    entry(|| {
-        let exec = Handle::of(h_graph_exec, Kind::GraphExec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let driver = driver::get()?;
-        let blocks = driver.registry().exec_blocks(exec)?;
-        let device = driver.device_at(driver::stream_device(h_stream)?)?;
-        device.timeline.enqueue(driver.launch_cost(blocks));
-        Ok(())
-    })
+    with_handle(
+        h_graph_exec,
+        Kind::GraphExec,
+        CUDA_ERROR_INVALID_VALUE,
+        |driver, exec| {
+            let blocks = driver.registry().exec_blocks(exec)?;
+            let device = driver.device_at(driver::stream_device(h_stream)?)?;
+            device.timeline.launch(blocks);
+            Ok(())
+        },
+    )
 }
 
 /// `cuGraphExecDestroy`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphExecDestroy(h_graph_exec: CuGraphExec) -> CuResult {
-    entry(|| {
-        let exec = Handle::of(h_graph_exec, Kind::GraphExec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        driver::get()?.registry().destroy_exec(exec)
-    })
+    with_handle(
+        h_graph_exec,
+        Kind::GraphExec,
+        CUDA_ERROR_INVALID_VALUE,
+        |driver, exec| driver.registry().destroy_exec(exec),
+    )
 }
 
 /// `cuGraphDestroy`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphDestroy(h_graph: CuGraph) -> CuResult {
-    entry(|| {
-        let graph = Handle::of(h_graph, Kind::Graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        driver::get()?.registry().destroy_graph(graph)
-    })
+    with_handle(
+        h_graph,
+        Kind::Graph,
+        CUDA_ERROR_INVALID_VALUE,
+        |driver, graph| driver.registry().destroy_graph(graph),
+    )
 }

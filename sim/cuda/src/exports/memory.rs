@@ -9,9 +9,10 @@ use crate::driver::{self, Driver, Res};
 use crate::ffi::*;
 use crate::handle::{Handle, Kind};
 use crate::out;
-use crate::registry::{AllocKind, GRANULARITY};
+use crate::registry::{AllocKind, GRANULARITY, Registry};
 
-use super::entry;
+use super::context::make_in_current;
+use super::{entry, with_driver, with_handle};
 
 /// The calling thread's live current context.
 fn current(driver: &Driver) -> Res<Handle> {
@@ -57,17 +58,11 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
 
 /// Allocates in the current context and stores the pointer.
 fn alloc_current(dptr: *mut CuDevicePtr, bytes: u64, kind: AllocKind) -> Res<()> {
-    if dptr.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let driver = driver::get()?;
-    let ptr = {
-        let mut registry = driver.registry();
-        let ctx = registry.live_context(driver::current_context())?;
-        registry.alloc(driver, ctx.device, bytes, kind, Some(ctx))?
+    let alloc = |driver: &Driver, registry: &mut Registry, ctx: Handle| {
+        registry.alloc(driver, ctx.device, bytes, kind, Some(ctx))
     };
-    // SAFETY: cuda.h contract: `dptr` is valid for one write (non-null).
-    unsafe { out::write(dptr, ptr) }
+    // SAFETY: cuda.h contract: `dptr` is null or valid for one write.
+    unsafe { make_in_current(dptr, alloc) }
 }
 
 /// `cuMemAlloc_v2`: charged to the current device; `OUT_OF_MEMORY` past its capacity.
@@ -79,10 +74,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytesize: usize) 
 /// `cuMemFree_v2`: any linear, pitched, managed or stream-ordered allocation.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CuDevicePtr) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
-        driver.registry().free(driver, dptr)
-    })
+    with_driver(|driver| driver.registry().free(driver, dptr))
 }
 
 /// `cuMemAllocPitch_v2`: rows padded to 512 bytes; `ElementSizeBytes` must
@@ -149,7 +141,7 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize
 /// `cuMemFreeHost`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CuResult {
-    entry(|| driver::get()?.registry().free_host(p as usize))
+    with_driver(|driver| driver.registry().free_host(p as usize))
 }
 
 // ----- virtual memory management -------------------------------------------
@@ -179,8 +171,7 @@ pub unsafe extern "C" fn cuMemCreate(
     prop: *const CuMemAllocationProp,
     flags: c_ulonglong,
 ) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         // SAFETY: cuda.h contract: `prop` is null or a valid CUmemAllocationProp.
         let prop = unsafe { out::read(prop) }?;
         let size = size as u64;
@@ -202,10 +193,7 @@ pub unsafe extern "C" fn cuMemCreate(
 /// `cuMemRelease`: the memory is freed once no mapping uses it.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemRelease(handle: CuMemHandle) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
-        driver.registry().release_physical(driver, handle)
-    })
+    with_driver(|driver| driver.registry().release_physical(driver, handle))
 }
 
 /// `cuMemRetainAllocationHandle`: the handle of the memory mapped at
@@ -312,10 +300,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
 /// `cuMemAddressFree`: a whole reservation (mappings still in it are dropped).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemAddressFree(ptr: CuDevicePtr, size: usize) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
-        driver.registry().free_reservation(driver, ptr, size as u64)
-    })
+    with_driver(|driver| driver.registry().free_reservation(driver, ptr, size as u64))
 }
 
 /// `cuMemMap`: maps physical memory into a reservation; `offset` + `size`
@@ -341,10 +326,7 @@ pub extern "C" fn cuMemMap(
 /// `cuMemUnmap`: every mapping that starts in the range.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemUnmap(ptr: CuDevicePtr, size: usize) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
-        driver.registry().unmap(driver, ptr, size as u64)
-    })
+    with_driver(|driver| driver.registry().unmap(driver, ptr, size as u64))
 }
 
 /// `cuMemSetAccess`: checks the range is mapped and the descriptors name
@@ -356,8 +338,7 @@ pub unsafe extern "C" fn cuMemSetAccess(
     desc: *const CuMemAccessDesc,
     count: usize,
 ) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         if desc.is_null() || count == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -381,8 +362,7 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
     prop: *const CuMemAllocationProp,
     option: c_int,
 ) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         // SAFETY: cuda.h contract: `prop` is null or a valid CUmemAllocationProp.
         let prop = unsafe { out::read(prop) }?;
         location_device(driver, prop.location)?;
@@ -432,8 +412,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     bytesize: usize,
     h_stream: CuStream,
 ) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         let device = driver::stream_device(h_stream)?;
         let pool = driver.registry().current_pool(device)?;
         alloc_async(dptr, bytesize, pool, h_stream)
@@ -458,8 +437,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 /// keeps the memory until trimmed).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: CuDevicePtr, h_stream: CuStream) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         driver::stream_device(h_stream)?;
         driver.registry().free(driver, dptr)
     })
@@ -471,8 +449,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     pool: *mut CuMemoryPool,
     pool_props: *const CuMemPoolProps,
 ) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         // SAFETY: cuda.h contract: `poolProps` is null or a valid CUmemPoolProps.
         let props = unsafe { out::read(pool_props) }?;
         if pool.is_null() || props.alloc_type != MEM_ALLOCATION_TYPE_PINNED {
@@ -494,21 +471,24 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     attr: c_int,
     value: *mut c_void,
 ) -> CuResult {
-    entry(|| {
-        let pool = Handle::of(pool, Kind::Pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let driver = driver::get()?;
-        match attr {
-            MEMPOOL_ATTR_RELEASE_THRESHOLD => {
-                // SAFETY: cuda.h contract: this attribute's value is a cuuint64_t.
-                let bytes = unsafe { out::read(value.cast::<u64>()) }?;
-                driver.registry().set_pool_threshold(pool, bytes)
+    with_handle(
+        pool,
+        Kind::Pool,
+        CUDA_ERROR_INVALID_VALUE,
+        |driver, pool| {
+            match attr {
+                MEMPOOL_ATTR_RELEASE_THRESHOLD => {
+                    // SAFETY: cuda.h contract: this attribute's value is a cuuint64_t.
+                    let bytes = unsafe { out::read(value.cast::<u64>()) }?;
+                    driver.registry().set_pool_threshold(pool, bytes)
+                }
+                1..=3 | MEMPOOL_ATTR_RESERVED_MEM_HIGH | MEMPOOL_ATTR_USED_MEM_HIGH => {
+                    driver.registry().pool_stats(pool).map(|_| ())
+                }
+                _ => Err(CUDA_ERROR_INVALID_VALUE),
             }
-            1..=3 | MEMPOOL_ATTR_RESERVED_MEM_HIGH | MEMPOOL_ATTR_USED_MEM_HIGH => {
-                driver.registry().pool_stats(pool).map(|_| ())
-            }
-            _ => Err(CUDA_ERROR_INVALID_VALUE),
-        }
-    })
+        },
+    )
 }
 
 /// `cuMemPoolGetAttribute`: threshold, reserved and used bytes (current and high).
@@ -518,44 +498,50 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
     attr: c_int,
     value: *mut c_void,
 ) -> CuResult {
-    entry(|| {
-        let pool = Handle::of(pool, Kind::Pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let stats = driver::get()?.registry().pool_stats(pool)?;
-        let number = match attr {
-            MEMPOOL_ATTR_RELEASE_THRESHOLD => stats.threshold,
-            MEMPOOL_ATTR_RESERVED_MEM_CURRENT => stats.reserved,
-            MEMPOOL_ATTR_RESERVED_MEM_HIGH => stats.reserved_high,
-            MEMPOOL_ATTR_USED_MEM_CURRENT => stats.used,
-            MEMPOOL_ATTR_USED_MEM_HIGH => stats.used_high,
-            1..=3 => {
-                // SAFETY: cuda.h contract: the reuse attributes are ints.
-                return unsafe { out::write(value.cast::<c_int>(), 1) };
-            }
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        };
-        // SAFETY: cuda.h contract: these attributes' values are cuuint64_t.
-        unsafe { out::write(value.cast::<u64>(), number) }
-    })
+    with_handle(
+        pool,
+        Kind::Pool,
+        CUDA_ERROR_INVALID_VALUE,
+        |driver, pool| {
+            let stats = driver.registry().pool_stats(pool)?;
+            let number = match attr {
+                MEMPOOL_ATTR_RELEASE_THRESHOLD => stats.threshold,
+                MEMPOOL_ATTR_RESERVED_MEM_CURRENT => stats.reserved,
+                MEMPOOL_ATTR_RESERVED_MEM_HIGH => stats.reserved_high,
+                MEMPOOL_ATTR_USED_MEM_CURRENT => stats.used,
+                MEMPOOL_ATTR_USED_MEM_HIGH => stats.used_high,
+                1..=3 => {
+                    // SAFETY: cuda.h contract: the reuse attributes are ints.
+                    return unsafe { out::write(value.cast::<c_int>(), 1) };
+                }
+                _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            };
+            // SAFETY: cuda.h contract: these attributes' values are cuuint64_t.
+            unsafe { out::write(value.cast::<u64>(), number) }
+        },
+    )
 }
 
 /// `cuMemPoolTrimTo`: gives back what the pool holds beyond its live
 /// allocations and `minBytesToKeep`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CuMemoryPool, min_bytes_to_keep: usize) -> CuResult {
-    entry(|| {
-        let pool = Handle::of(pool, Kind::Pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let driver = driver::get()?;
-        driver
-            .registry()
-            .trim_pool_to(driver, pool, min_bytes_to_keep as u64)
-    })
+    with_handle(
+        pool,
+        Kind::Pool,
+        CUDA_ERROR_INVALID_VALUE,
+        |driver, pool| {
+            driver
+                .registry()
+                .trim_pool_to(driver, pool, min_bytes_to_keep as u64)
+        },
+    )
 }
 
 /// `cuDeviceGetMemPool`: the pool `cuMemAllocAsync` uses on the device.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CuMemoryPool, dev: CuDevice) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         driver.device(dev)?;
         if pool.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -569,8 +555,7 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CuMemoryPool, dev: CuDevi
 /// `cuDeviceSetMemPool`: a pool of that device.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceSetMemPool(dev: CuDevice, pool: CuMemoryPool) -> CuResult {
-    entry(|| {
-        let driver = driver::get()?;
+    with_driver(|driver| {
         driver.device(dev)?;
         let pool = Handle::of(pool, Kind::Pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         driver.registry().set_current_pool(dev as u32, pool)
@@ -580,28 +565,23 @@ pub unsafe extern "C" fn cuDeviceSetMemPool(dev: CuDevice, pool: CuMemoryPool) -
 /// `cuMemPoolDestroy`: not a default pool.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CuMemoryPool) -> CuResult {
-    entry(|| {
-        let pool = Handle::of(pool, Kind::Pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let driver = driver::get()?;
-        driver.registry().destroy_pool(driver, pool)
-    })
+    with_handle(
+        pool,
+        Kind::Pool,
+        CUDA_ERROR_INVALID_VALUE,
+        |driver, pool| driver.registry().destroy_pool(driver, pool),
+    )
 }
 
 // ----- arrays -------------------------------------------------------------------
 
 fn create_array(out_handle: *mut CuArray, bytes: Option<u64>, kind: Kind) -> Res<()> {
     let bytes = bytes.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if out_handle.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let driver = driver::get()?;
-    let h = {
-        let mut registry = driver.registry();
-        let ctx = registry.live_context(driver::current_context())?;
-        registry.create_array(driver, ctx, bytes, kind)?
+    let create = |driver: &Driver, registry: &mut Registry, ctx| {
+        Ok(registry.create_array(driver, ctx, bytes, kind)?.ptr())
     };
-    // SAFETY: cuda.h contract: the handle pointer is valid for one write (non-null).
-    unsafe { out::write(out_handle, h.ptr()) }
+    // SAFETY: cuda.h contract: the handle pointer is null or valid for one write.
+    unsafe { make_in_current(out_handle, create) }
 }
 
 /// Bytes of a `width × height × depth` array (0 = 1 in the extents past width).
@@ -695,9 +675,7 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
 }
 
 fn destroy_array(handle: *mut Opaque, kind: Kind) -> CuResult {
-    entry(|| {
-        let h = Handle::of(handle, kind).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let driver = driver::get()?;
+    with_handle(handle, kind, CUDA_ERROR_INVALID_HANDLE, |driver, h| {
         driver.registry().destroy_array(driver, h)
     })
 }

@@ -16,8 +16,9 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::driver::Res;
+use crate::driver::{self, Driver, Res};
 use crate::ffi::{CUDA_ERROR_UNKNOWN, CUDA_SUCCESS, CuResult};
+use crate::handle::{Handle, Kind};
 
 pub mod context;
 pub mod device;
@@ -35,4 +36,26 @@ fn entry(body: impl FnOnce() -> Res<()>) -> CuResult {
         Ok(Err(code)) => code,
         Err(_) => CUDA_ERROR_UNKNOWN,
     }
+}
+
+/// [`entry`] for a body that needs the driver: `CUDA_ERROR_NOT_INITIALIZED`
+/// until `cuInit` has succeeded.
+#[inline(always)]
+fn with_driver(body: impl FnOnce(&'static Driver) -> Res<()>) -> CuResult {
+    entry(|| body(driver::get()?))
+}
+
+/// [`with_driver`] for a body about one handle of `kind`: `invalid` (before
+/// the driver is asked for) when `raw` is not such a handle of this library's.
+#[inline(always)]
+fn with_handle<T>(
+    raw: *mut T,
+    kind: Kind,
+    invalid: CuResult,
+    body: impl FnOnce(&'static Driver, Handle) -> Res<()>,
+) -> CuResult {
+    entry(|| {
+        let handle = Handle::of(raw, kind).ok_or(invalid)?;
+        body(driver::get()?, handle)
+    })
 }

@@ -28,457 +28,104 @@ use super::{context, device, entry, init, launch, memory};
 /// One ABI version of a base name: (first CUDA version, export name, address).
 pub type Version = (c_int, &'static str, fn() -> *const c_void);
 
-macro_rules! f {
-    ($path:path) => {
-        (|| $path as *const c_void) as fn() -> *const c_void
+/// `base => [version module::export, …]` to [`TABLE`]'s rows: the export's
+/// name is the identifier of the function whose address the row holds, so the
+/// two cannot disagree.
+macro_rules! versions {
+    ($($base:ident => [$($version:literal $module:tt :: $export:ident),+ $(,)?]),* $(,)?) => {
+        &[$((
+            stringify!($base),
+            &[$((
+                $version,
+                stringify!($export),
+                (|| $module::$export as *const c_void) as fn() -> *const c_void,
+            )),+],
+        )),*]
     };
 }
 
 /// Base name → ABI versions, oldest first.
-pub const TABLE: &[(&str, &[Version])] = &[
-    (
-        "cuGetErrorString",
-        &[(6000, "cuGetErrorString", f!(init::cuGetErrorString))],
-    ),
-    (
-        "cuGetErrorName",
-        &[(6000, "cuGetErrorName", f!(init::cuGetErrorName))],
-    ),
-    ("cuInit", &[(2000, "cuInit", f!(init::cuInit))]),
-    (
-        "cuDriverGetVersion",
-        &[(2020, "cuDriverGetVersion", f!(init::cuDriverGetVersion))],
-    ),
-    (
-        "cuGetProcAddress",
-        &[
-            (11030, "cuGetProcAddress", f!(cuGetProcAddress)),
-            (12000, "cuGetProcAddress_v2", f!(cuGetProcAddress_v2)),
-        ],
-    ),
-    (
-        "cuDeviceGet",
-        &[(2000, "cuDeviceGet", f!(device::cuDeviceGet))],
-    ),
-    (
-        "cuDeviceGetCount",
-        &[(2000, "cuDeviceGetCount", f!(device::cuDeviceGetCount))],
-    ),
-    (
-        "cuDeviceGetName",
-        &[(2000, "cuDeviceGetName", f!(device::cuDeviceGetName))],
-    ),
-    (
-        "cuDeviceGetUuid",
-        &[
-            (9020, "cuDeviceGetUuid", f!(device::cuDeviceGetUuid)),
-            (11040, "cuDeviceGetUuid_v2", f!(device::cuDeviceGetUuid_v2)),
-        ],
-    ),
-    (
-        "cuDeviceTotalMem",
-        &[
-            (2000, "cuDeviceTotalMem", f!(device::cuDeviceTotalMem)),
-            (3020, "cuDeviceTotalMem_v2", f!(device::cuDeviceTotalMem_v2)),
-        ],
-    ),
-    (
-        "cuDeviceGetAttribute",
-        &[(
-            2000,
-            "cuDeviceGetAttribute",
-            f!(device::cuDeviceGetAttribute),
-        )],
-    ),
-    (
-        "cuDeviceGetPCIBusId",
-        &[(4010, "cuDeviceGetPCIBusId", f!(device::cuDeviceGetPCIBusId))],
-    ),
-    (
-        "cuDeviceGetDefaultMemPool",
-        &[(
-            11020,
-            "cuDeviceGetDefaultMemPool",
-            f!(device::cuDeviceGetDefaultMemPool),
-        )],
-    ),
-    (
-        "cuDevicePrimaryCtxRetain",
-        &[(
-            7000,
-            "cuDevicePrimaryCtxRetain",
-            f!(context::cuDevicePrimaryCtxRetain),
-        )],
-    ),
-    (
-        "cuDevicePrimaryCtxRelease",
-        &[
-            (
-                7000,
-                "cuDevicePrimaryCtxRelease",
-                f!(context::cuDevicePrimaryCtxRelease),
-            ),
-            (
-                11000,
-                "cuDevicePrimaryCtxRelease_v2",
-                f!(context::cuDevicePrimaryCtxRelease_v2),
-            ),
-        ],
-    ),
-    (
-        "cuCtxCreate",
-        &[
-            (3020, "cuCtxCreate_v2", f!(context::cuCtxCreate_v2)),
-            (11040, "cuCtxCreate_v3", f!(context::cuCtxCreate_v3)),
-            (12050, "cuCtxCreate_v4", f!(context::cuCtxCreate_v4)),
-        ],
-    ),
-    (
-        "cuCtxDestroy",
-        &[(4000, "cuCtxDestroy_v2", f!(context::cuCtxDestroy_v2))],
-    ),
-    (
-        "cuCtxSetCurrent",
-        &[(4000, "cuCtxSetCurrent", f!(context::cuCtxSetCurrent))],
-    ),
-    (
-        "cuCtxGetCurrent",
-        &[(4000, "cuCtxGetCurrent", f!(context::cuCtxGetCurrent))],
-    ),
-    (
-        "cuCtxGetDevice",
-        &[(2000, "cuCtxGetDevice", f!(context::cuCtxGetDevice))],
-    ),
-    (
-        "cuCtxPushCurrent",
-        &[(
-            4000,
-            "cuCtxPushCurrent_v2",
-            f!(context::cuCtxPushCurrent_v2),
-        )],
-    ),
-    (
-        "cuCtxPopCurrent",
-        &[(4000, "cuCtxPopCurrent_v2", f!(context::cuCtxPopCurrent_v2))],
-    ),
-    (
-        "cuCtxSynchronize",
-        &[(2000, "cuCtxSynchronize", f!(context::cuCtxSynchronize))],
-    ),
-    (
-        "cuStreamCreate",
-        &[(2000, "cuStreamCreate", f!(context::cuStreamCreate))],
-    ),
-    (
-        "cuStreamDestroy",
-        &[(4000, "cuStreamDestroy_v2", f!(context::cuStreamDestroy_v2))],
-    ),
-    (
-        "cuStreamSynchronize",
-        &[(
-            2000,
-            "cuStreamSynchronize",
-            f!(context::cuStreamSynchronize),
-        )],
-    ),
-    (
-        "cuModuleLoadData",
-        &[(2000, "cuModuleLoadData", f!(context::cuModuleLoadData))],
-    ),
-    (
-        "cuModuleUnload",
-        &[(2000, "cuModuleUnload", f!(context::cuModuleUnload))],
-    ),
-    (
-        "cuModuleGetFunction",
-        &[(
-            2000,
-            "cuModuleGetFunction",
-            f!(context::cuModuleGetFunction),
-        )],
-    ),
-    (
-        "cuMemGetInfo",
-        &[
-            (2000, "cuMemGetInfo", f!(memory::cuMemGetInfo)),
-            (3020, "cuMemGetInfo_v2", f!(memory::cuMemGetInfo_v2)),
-        ],
-    ),
-    (
-        "cuMemAlloc",
-        &[(3020, "cuMemAlloc_v2", f!(memory::cuMemAlloc_v2))],
-    ),
-    (
-        "cuMemFree",
-        &[(3020, "cuMemFree_v2", f!(memory::cuMemFree_v2))],
-    ),
-    (
-        "cuMemAllocPitch",
-        &[(3020, "cuMemAllocPitch_v2", f!(memory::cuMemAllocPitch_v2))],
-    ),
-    (
-        "cuMemAllocManaged",
-        &[(6000, "cuMemAllocManaged", f!(memory::cuMemAllocManaged))],
-    ),
-    (
-        "cuMemAllocHost",
-        &[(3020, "cuMemAllocHost_v2", f!(memory::cuMemAllocHost_v2))],
-    ),
-    (
-        "cuMemFreeHost",
-        &[(2000, "cuMemFreeHost", f!(memory::cuMemFreeHost))],
-    ),
-    (
-        "cuMemCreate",
-        &[(10020, "cuMemCreate", f!(memory::cuMemCreate))],
-    ),
-    (
-        "cuMemRelease",
-        &[(10020, "cuMemRelease", f!(memory::cuMemRelease))],
-    ),
-    (
-        "cuMemAddressReserve",
-        &[(
-            10020,
-            "cuMemAddressReserve",
-            f!(memory::cuMemAddressReserve),
-        )],
-    ),
-    (
-        "cuMemAddressFree",
-        &[(10020, "cuMemAddressFree", f!(memory::cuMemAddressFree))],
-    ),
-    ("cuMemMap", &[(10020, "cuMemMap", f!(memory::cuMemMap))]),
-    (
-        "cuMemRetainAllocationHandle",
-        &[(
-            11000,
-            "cuMemRetainAllocationHandle",
-            f!(memory::cuMemRetainAllocationHandle),
-        )],
-    ),
-    (
-        "cuMemExportToShareableHandle",
-        &[(
-            10020,
-            "cuMemExportToShareableHandle",
-            f!(memory::cuMemExportToShareableHandle),
-        )],
-    ),
-    (
-        "cuMemImportFromShareableHandle",
-        &[(
-            10020,
-            "cuMemImportFromShareableHandle",
-            f!(memory::cuMemImportFromShareableHandle),
-        )],
-    ),
-    (
-        "cuMemPoolSetAttribute",
-        &[(
-            11020,
-            "cuMemPoolSetAttribute",
-            f!(memory::cuMemPoolSetAttribute),
-        )],
-    ),
-    (
-        "cuMemPoolGetAttribute",
-        &[(
-            11020,
-            "cuMemPoolGetAttribute",
-            f!(memory::cuMemPoolGetAttribute),
-        )],
-    ),
-    (
-        "cuMemPoolTrimTo",
-        &[(11020, "cuMemPoolTrimTo", f!(memory::cuMemPoolTrimTo))],
-    ),
-    (
-        "cuDeviceGetMemPool",
-        &[(11020, "cuDeviceGetMemPool", f!(memory::cuDeviceGetMemPool))],
-    ),
-    (
-        "cuDeviceSetMemPool",
-        &[(11020, "cuDeviceSetMemPool", f!(memory::cuDeviceSetMemPool))],
-    ),
-    (
-        "cuDevicePrimaryCtxGetState",
-        &[(
-            7000,
-            "cuDevicePrimaryCtxGetState",
-            f!(context::cuDevicePrimaryCtxGetState),
-        )],
-    ),
-    (
-        "cuDevicePrimaryCtxReset",
-        &[
-            (
-                7000,
-                "cuDevicePrimaryCtxReset",
-                f!(context::cuDevicePrimaryCtxReset),
-            ),
-            (
-                11000,
-                "cuDevicePrimaryCtxReset_v2",
-                f!(context::cuDevicePrimaryCtxReset_v2),
-            ),
-        ],
-    ),
-    (
-        "cuCtxSetLimit",
-        &[(3010, "cuCtxSetLimit", f!(context::cuCtxSetLimit))],
-    ),
-    (
-        "cuCtxGetLimit",
-        &[(3010, "cuCtxGetLimit", f!(context::cuCtxGetLimit))],
-    ),
-    (
-        "cuStreamGetCtx",
-        &[(9020, "cuStreamGetCtx", f!(context::cuStreamGetCtx))],
-    ),
-    (
-        "cuStreamGetDevice",
-        &[(12080, "cuStreamGetDevice", f!(context::cuStreamGetDevice))],
-    ),
-    (
-        "cuMemUnmap",
-        &[(10020, "cuMemUnmap", f!(memory::cuMemUnmap))],
-    ),
-    (
-        "cuMemSetAccess",
-        &[(10020, "cuMemSetAccess", f!(memory::cuMemSetAccess))],
-    ),
-    (
-        "cuMemGetAllocationGranularity",
-        &[(
-            10020,
-            "cuMemGetAllocationGranularity",
-            f!(memory::cuMemGetAllocationGranularity),
-        )],
-    ),
-    (
-        "cuMemAllocAsync",
-        &[(11020, "cuMemAllocAsync", f!(memory::cuMemAllocAsync))],
-    ),
-    (
-        "cuMemFreeAsync",
-        &[(11020, "cuMemFreeAsync", f!(memory::cuMemFreeAsync))],
-    ),
-    (
-        "cuMemPoolCreate",
-        &[(11020, "cuMemPoolCreate", f!(memory::cuMemPoolCreate))],
-    ),
-    (
-        "cuMemPoolDestroy",
-        &[(11020, "cuMemPoolDestroy", f!(memory::cuMemPoolDestroy))],
-    ),
-    (
-        "cuMemAllocFromPoolAsync",
-        &[(
-            11020,
-            "cuMemAllocFromPoolAsync",
-            f!(memory::cuMemAllocFromPoolAsync),
-        )],
-    ),
-    (
-        "cuArrayCreate",
-        &[(3020, "cuArrayCreate_v2", f!(memory::cuArrayCreate_v2))],
-    ),
-    (
-        "cuArrayDestroy",
-        &[(2000, "cuArrayDestroy", f!(memory::cuArrayDestroy))],
-    ),
-    (
-        "cuArray3DCreate",
-        &[(3020, "cuArray3DCreate_v2", f!(memory::cuArray3DCreate_v2))],
-    ),
-    (
-        "cuMipmappedArrayCreate",
-        &[(
-            5000,
-            "cuMipmappedArrayCreate",
-            f!(memory::cuMipmappedArrayCreate),
-        )],
-    ),
-    (
-        "cuMipmappedArrayDestroy",
-        &[(
-            5000,
-            "cuMipmappedArrayDestroy",
-            f!(memory::cuMipmappedArrayDestroy),
-        )],
-    ),
-    (
-        "cuLaunchKernel",
-        &[(4000, "cuLaunchKernel", f!(launch::cuLaunchKernel))],
-    ),
-    (
-        "cuLaunchKernelEx",
-        &[(11060, "cuLaunchKernelEx", f!(launch::cuLaunchKernelEx))],
-    ),
-    (
-        "cuLaunchCooperativeKernel",
-        &[(
-            9000,
-            "cuLaunchCooperativeKernel",
-            f!(launch::cuLaunchCooperativeKernel),
-        )],
-    ),
-    (
-        "cuGraphCreate",
-        &[(10000, "cuGraphCreate", f!(launch::cuGraphCreate))],
-    ),
-    (
-        "cuGraphAddKernelNode",
-        &[
-            (
-                10000,
-                "cuGraphAddKernelNode",
-                f!(launch::cuGraphAddKernelNode),
-            ),
-            (
-                12000,
-                "cuGraphAddKernelNode_v2",
-                f!(launch::cuGraphAddKernelNode_v2),
-            ),
-        ],
-    ),
-    (
-        "cuGraphInstantiate",
-        &[
-            (
-                11000,
-                "cuGraphInstantiate_v2",
-                f!(launch::cuGraphInstantiate_v2),
-            ),
-            (
-                12000,
-                "cuGraphInstantiateWithFlags",
-                f!(launch::cuGraphInstantiateWithFlags),
-            ),
-        ],
-    ),
-    (
-        "cuGraphInstantiateWithFlags",
-        &[(
-            11040,
-            "cuGraphInstantiateWithFlags",
-            f!(launch::cuGraphInstantiateWithFlags),
-        )],
-    ),
-    (
-        "cuGraphLaunch",
-        &[(10000, "cuGraphLaunch", f!(launch::cuGraphLaunch))],
-    ),
-    (
-        "cuGraphExecDestroy",
-        &[(10000, "cuGraphExecDestroy", f!(launch::cuGraphExecDestroy))],
-    ),
-    (
-        "cuGraphDestroy",
-        &[(10000, "cuGraphDestroy", f!(launch::cuGraphDestroy))],
-    ),
-];
+pub const TABLE: &[(&str, &[Version])] = versions! {
+    cuGetErrorString => [6000 init::cuGetErrorString],
+    cuGetErrorName => [6000 init::cuGetErrorName],
+    cuInit => [2000 init::cuInit],
+    cuDriverGetVersion => [2020 init::cuDriverGetVersion],
+    cuDeviceGet => [2000 device::cuDeviceGet],
+    cuDeviceGetCount => [2000 device::cuDeviceGetCount],
+    cuDeviceGetName => [2000 device::cuDeviceGetName],
+    cuDeviceGetAttribute => [2000 device::cuDeviceGetAttribute],
+    cuDeviceGetPCIBusId => [4010 device::cuDeviceGetPCIBusId],
+    cuDeviceGetDefaultMemPool => [11020 device::cuDeviceGetDefaultMemPool],
+    cuDevicePrimaryCtxRetain => [7000 context::cuDevicePrimaryCtxRetain],
+    cuCtxDestroy => [4000 context::cuCtxDestroy_v2],
+    cuCtxSetCurrent => [4000 context::cuCtxSetCurrent],
+    cuCtxGetCurrent => [4000 context::cuCtxGetCurrent],
+    cuCtxGetDevice => [2000 context::cuCtxGetDevice],
+    cuCtxPushCurrent => [4000 context::cuCtxPushCurrent_v2],
+    cuCtxPopCurrent => [4000 context::cuCtxPopCurrent_v2],
+    cuCtxSynchronize => [2000 context::cuCtxSynchronize],
+    cuStreamCreate => [2000 context::cuStreamCreate],
+    cuStreamDestroy => [4000 context::cuStreamDestroy_v2],
+    cuStreamSynchronize => [2000 context::cuStreamSynchronize],
+    cuModuleLoadData => [2000 context::cuModuleLoadData],
+    cuModuleUnload => [2000 context::cuModuleUnload],
+    cuModuleGetFunction => [2000 context::cuModuleGetFunction],
+    cuMemAlloc => [3020 memory::cuMemAlloc_v2],
+    cuMemFree => [3020 memory::cuMemFree_v2],
+    cuMemAllocPitch => [3020 memory::cuMemAllocPitch_v2],
+    cuMemAllocManaged => [6000 memory::cuMemAllocManaged],
+    cuMemAllocHost => [3020 memory::cuMemAllocHost_v2],
+    cuMemFreeHost => [2000 memory::cuMemFreeHost],
+    cuMemCreate => [10020 memory::cuMemCreate],
+    cuMemRelease => [10020 memory::cuMemRelease],
+    cuMemAddressReserve => [10020 memory::cuMemAddressReserve],
+    cuMemAddressFree => [10020 memory::cuMemAddressFree],
+    cuMemMap => [10020 memory::cuMemMap],
+    cuMemRetainAllocationHandle => [11000 memory::cuMemRetainAllocationHandle],
+    cuMemExportToShareableHandle => [10020 memory::cuMemExportToShareableHandle],
+    cuMemImportFromShareableHandle => [10020 memory::cuMemImportFromShareableHandle],
+    cuMemPoolSetAttribute => [11020 memory::cuMemPoolSetAttribute],
+    cuMemPoolGetAttribute => [11020 memory::cuMemPoolGetAttribute],
+    cuMemPoolTrimTo => [11020 memory::cuMemPoolTrimTo],
+    cuDeviceGetMemPool => [11020 memory::cuDeviceGetMemPool],
+    cuDeviceSetMemPool => [11020 memory::cuDeviceSetMemPool],
+    cuDevicePrimaryCtxGetState => [7000 context::cuDevicePrimaryCtxGetState],
+    cuCtxSetLimit => [3010 context::cuCtxSetLimit],
+    cuCtxGetLimit => [3010 context::cuCtxGetLimit],
+    cuStreamGetCtx => [9020 context::cuStreamGetCtx],
+    cuStreamGetDevice => [12080 context::cuStreamGetDevice],
+    cuMemUnmap => [10020 memory::cuMemUnmap],
+    cuMemSetAccess => [10020 memory::cuMemSetAccess],
+    cuMemGetAllocationGranularity => [10020 memory::cuMemGetAllocationGranularity],
+    cuMemAllocAsync => [11020 memory::cuMemAllocAsync],
+    cuMemFreeAsync => [11020 memory::cuMemFreeAsync],
+    cuMemPoolCreate => [11020 memory::cuMemPoolCreate],
+    cuMemPoolDestroy => [11020 memory::cuMemPoolDestroy],
+    cuMemAllocFromPoolAsync => [11020 memory::cuMemAllocFromPoolAsync],
+    cuArrayCreate => [3020 memory::cuArrayCreate_v2],
+    cuArrayDestroy => [2000 memory::cuArrayDestroy],
+    cuArray3DCreate => [3020 memory::cuArray3DCreate_v2],
+    cuMipmappedArrayCreate => [5000 memory::cuMipmappedArrayCreate],
+    cuMipmappedArrayDestroy => [5000 memory::cuMipmappedArrayDestroy],
+    cuLaunchKernel => [4000 launch::cuLaunchKernel],
+    cuLaunchKernelEx => [11060 launch::cuLaunchKernelEx],
+    cuLaunchCooperativeKernel => [9000 launch::cuLaunchCooperativeKernel],
+    cuGraphCreate => [10000 launch::cuGraphCreate],
+    cuGraphInstantiateWithFlags => [11040 launch::cuGraphInstantiateWithFlags],
+    cuGraphLaunch => [10000 launch::cuGraphLaunch],
+    cuGraphExecDestroy => [10000 launch::cuGraphExecDestroy],
+    cuGraphDestroy => [10000 launch::cuGraphDestroy],
+    // Base names whose ABI changed: one export per version, oldest first.
+    cuGetProcAddress => [11030 self::cuGetProcAddress, 12000 self::cuGetProcAddress_v2],
+    cuDeviceGetUuid => [9020 device::cuDeviceGetUuid, 11040 device::cuDeviceGetUuid_v2],
+    cuDeviceTotalMem => [2000 device::cuDeviceTotalMem, 3020 device::cuDeviceTotalMem_v2],
+    cuDevicePrimaryCtxRelease => [7000 context::cuDevicePrimaryCtxRelease, 11000 context::cuDevicePrimaryCtxRelease_v2],
+    cuCtxCreate => [3020 context::cuCtxCreate_v2, 11040 context::cuCtxCreate_v3, 12050 context::cuCtxCreate_v4],
+    cuMemGetInfo => [2000 memory::cuMemGetInfo, 3020 memory::cuMemGetInfo_v2],
+    cuDevicePrimaryCtxReset => [7000 context::cuDevicePrimaryCtxReset, 11000 context::cuDevicePrimaryCtxReset_v2],
+    cuGraphAddKernelNode => [10000 launch::cuGraphAddKernelNode, 12000 launch::cuGraphAddKernelNode_v2],
+    cuGraphInstantiate => [11000 launch::cuGraphInstantiate_v2, 12000 launch::cuGraphInstantiateWithFlags],
+};
 
 /// Outcome of a lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,6 @@
-//! Shared fixtures: the built artefacts, simulated nodes in temporary
-//! roots, and running the probes against them.
+//! Fixtures of the CUDA stand-in's tests: the probes, a directory holding
+//! `libcuda.so.1` (alone, or in a simulated node from `tessera-test-support`),
+//! and running the probes against it.
 #![allow(dead_code, reason = "each test file uses a different part")]
 
 use std::collections::BTreeMap;
@@ -7,11 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use tempfile::TempDir;
-use tessera_sim::profile::NodeProfile;
-use tessera_sim::state::{NodeState, StateStore};
-
-/// Library directory inside a node root.
-pub const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
+use tessera_sim::state::NodeState;
+#[allow(unused_imports, reason = "each test file uses a different part")]
+pub use tessera_test_support::node::LIB_DIR;
+use tessera_test_support::node::{SimNode, StandIn};
+#[allow(unused_imports, reason = "each test file uses a different part")]
+pub use tessera_test_support::{Need, built_library, require};
 /// Bytes in a MiB.
 pub const MIB: u64 = 1 << 20;
 
@@ -22,45 +24,17 @@ const CLEARED_ENV: &[&str] = &[
     "CUDA_VISIBLE_DEVICES",
     "TESSERA_SIM_CUDA_DEVICE_MEMORY_MIB",
     "TESSERA_SIM_CUDA_NS_PER_BLOCK",
+    "TESSERA_SIM_CUDA_LAUNCH_NS",
+    "TESSERA_SIM_CUDA_BLOCKS_PER_SM",
+    "TESSERA_SIM_CUDA_NOISE_PCT",
+    "TESSERA_SIM_CUDA_NOISE_SEED",
+    "TESSERA_SIM_CUDA_UTIL_BIAS_PCT",
     "LD_PRELOAD",
 ];
 
-/// A test needs something absent: under CI (`CI` or `TESSERA_REQUIRE_SIM`
-/// set) that is a failure; elsewhere the test says so loudly and passes.
-pub fn missing(test: &str, reason: &str) {
-    if std::env::var_os("CI").is_some() || std::env::var_os("TESSERA_REQUIRE_SIM").is_some() {
-        panic!("{test}: {reason}");
-    }
-    eprintln!("SKIPPED: {test}: {reason}");
-}
-
-/// A cdylib cargo built for this test run: next to the test binary in
-/// `target/<profile>/deps/` (where `cargo test` leaves it), or one level up.
-pub fn built_library(name: &str) -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("test binary path: {e}"))?;
-    let deps = exe.parent().ok_or("test binary has no directory")?;
-    let candidates = [deps.join(name), deps.parent().unwrap_or(deps).join(name)];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .ok_or_else(|| {
-            format!(
-                "{name} not found at {} or {}: build it with `cargo build -p tessera-sim-cuda -p tessera-sim-nvml`",
-                candidates[0].display(),
-                candidates[1].display()
-            )
-        })
-}
-
-/// The CUDA stand-in cdylib.
-pub fn cuda_library() -> Result<PathBuf, String> {
-    built_library("libtessera_sim_cuda.so")
-}
-
-/// The NVML stand-in cdylib.
-pub fn nvml_library() -> Result<PathBuf, String> {
-    built_library("libtessera_sim_nvml.so")
+/// The CUDA stand-in cdylib cargo built for this run, once [`require`]d.
+pub fn cuda_library() -> PathBuf {
+    built_library(StandIn::Cuda.built_name())
 }
 
 /// The probe binary.
@@ -73,9 +47,15 @@ pub fn linked_probe_exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tessera-cuda-probe-linked"))
 }
 
+/// What holds a fixture's files (removed on drop).
+enum FixtureDir {
+    Temp(TempDir),
+    Node(SimNode),
+}
+
 /// A directory the probe loads `libcuda.so.1` from.
 pub struct Fixture {
-    dir: TempDir,
+    dir: FixtureDir,
     /// The directory holding `libcuda.so.1`.
     pub lib_dir: PathBuf,
     /// The node root, when there is a node.
@@ -85,58 +65,41 @@ pub struct Fixture {
 }
 
 impl Fixture {
-    /// The stand-in alone in a directory that is no node root: the default configuration.
-    pub fn plain(test: &str) -> Option<Fixture> {
-        let cuda = match cuda_library() {
-            Ok(p) => p,
-            Err(e) => {
-                missing(test, &e);
-                return None;
-            }
-        };
+    /// The stand-in alone in a directory that is no node root: the default
+    /// configuration. `None` after a skip when the stand-in is not built.
+    pub fn plain() -> Option<Fixture> {
+        require(&[Need::Built(StandIn::Cuda.built_name())]).ok()?;
         let dir = tempfile::tempdir().expect("tempdir");
         let lib_dir = dir.path().join("plain");
         std::fs::create_dir_all(&lib_dir).expect("mkdir");
-        std::fs::copy(&cuda, lib_dir.join("libcuda.so.1")).expect("install libcuda.so.1");
+        std::fs::copy(cuda_library(), lib_dir.join("libcuda.so.1")).expect("install libcuda.so.1");
         Some(Fixture {
-            dir,
+            dir: FixtureDir::Temp(dir),
             lib_dir,
             root: None,
             state: None,
         })
     }
 
-    /// A node built from a shipped profile, with both stand-ins installed
-    /// as the node builder installs them (no device nodes: not needed here).
-    pub fn node(test: &str, profile: &str) -> Option<Fixture> {
-        let (cuda, nvml) = match (cuda_library(), nvml_library()) {
-            (Ok(c), Ok(n)) => (c, n),
-            (Err(e), _) | (_, Err(e)) => {
-                missing(test, &e);
-                return None;
-            }
-        };
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path().join("root");
-        let lib_dir = root.join(LIB_DIR);
-        std::fs::create_dir_all(&lib_dir).expect("mkdir lib dir");
-        std::fs::copy(&cuda, lib_dir.join("libcuda.so.1")).expect("install libcuda.so.1");
-        std::fs::copy(&nvml, lib_dir.join("libnvidia-ml.so.1")).expect("install libnvidia-ml.so.1");
-        let state = NodeProfile::load(profile)
-            .and_then(|p| p.node_state(profile))
-            .expect("profile state");
-        StateStore::write_new(&root, &state).expect("write state");
+    /// A node built from a shipped profile with both stand-ins installed as
+    /// the node builder installs them (no device nodes: not needed here).
+    /// `None` after a skip when a stand-in is not built.
+    pub fn node(profile: &str) -> Option<Fixture> {
+        let node = SimNode::profile(profile).files_only().build().ok()?;
         Some(Fixture {
-            dir,
-            lib_dir,
-            root: Some(root),
-            state: Some(state),
+            lib_dir: node.lib_dir(),
+            root: Some(node.root().to_owned()),
+            state: Some(node.state_at_build().clone()),
+            dir: FixtureDir::Node(node),
         })
     }
 
     /// The temporary directory holding everything.
     pub fn path(&self) -> &Path {
-        self.dir.path()
+        match &self.dir {
+            FixtureDir::Temp(dir) => dir.path(),
+            FixtureDir::Node(node) => node.dir(),
+        }
     }
 
     /// The installed NVML stand-in.
@@ -161,21 +124,27 @@ impl Fixture {
 
     /// Runs the probe to completion.
     pub fn probe(&self, args: &[&str], envs: &[(&str, &str)]) -> Run {
-        let output = self
-            .command(&probe_exe(), args, envs)
-            .output()
-            .expect("spawn tessera-cuda-probe");
-        Run::new(args, output)
+        self.run(&probe_exe(), args, envs)
     }
 
     /// Runs the load-time-linked probe to completion.
     pub fn linked_probe(&self, args: &[&str], envs: &[(&str, &str)]) -> Run {
+        self.run(&linked_probe_exe(), args, envs)
+    }
+
+    fn run(&self, exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> Run {
         let output = self
-            .command(&linked_probe_exe(), args, envs)
+            .command(exe, args, envs)
             .output()
-            .expect("spawn tessera-cuda-probe-linked");
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", exe.display()));
         Run::new(args, output)
     }
+}
+
+/// A probe command line's arguments, written as one string (no argument
+/// holds white space).
+pub fn args(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
 }
 
 /// A finished probe run.
@@ -239,6 +208,19 @@ impl Run {
             self.stdout,
             self.stderr
         );
+        self
+    }
+
+    /// Asserts stderr names each of `needles`.
+    pub fn naming(self, needles: &[&str]) -> Run {
+        for needle in needles {
+            assert!(
+                self.stderr.contains(needle),
+                "`{}`: stderr should name {needle}\n--- stderr\n{}",
+                self.args,
+                self.stderr
+            );
+        }
         self
     }
 

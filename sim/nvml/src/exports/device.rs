@@ -19,7 +19,7 @@ use crate::node::{self, Res};
 use crate::out;
 use crate::profiles;
 
-use super::entry;
+use super::{answer, entry};
 
 fn count(state: &NodeState) -> Res<c_uint> {
     c_uint::try_from(state.gpus.len()).map_err(|_| ERROR_UNKNOWN)
@@ -28,11 +28,8 @@ fn count(state: &NodeState) -> Res<c_uint> {
 /// # Safety
 /// `device_count` is null or valid for one write.
 unsafe fn write_count(device_count: *mut c_uint) -> NvmlReturn {
-    entry(|| {
-        let n = node::read(count)?;
-        // SAFETY: the caller's contract.
-        unsafe { out::write(device_count, n) }
-    })
+    // SAFETY: the caller's contract.
+    unsafe { answer(device_count, count) }
 }
 
 /// `nvmlDeviceGetCount_v2`: the number of GPUs.
@@ -52,14 +49,13 @@ pub unsafe extern "C" fn nvmlDeviceGetCount(device_count: *mut c_uint) -> NvmlRe
 /// # Safety
 /// `device` is null or valid for one write.
 unsafe fn handle_by_index(index: c_uint, device: *mut NvmlDevice) -> NvmlReturn {
-    entry(|| {
-        let handle = node::read(|s| {
+    // SAFETY: the caller's contract.
+    unsafe {
+        answer(device, |s| {
             let gpu = s.gpu(index).ok_or(ERROR_INVALID_ARGUMENT)?;
             lookup::gpu_handle(gpu.index)
-        })?;
-        // SAFETY: the caller's contract.
-        unsafe { out::write(device, handle) }
-    })
+        })
+    }
 }
 
 /// `nvmlDeviceGetHandleByIndex_v2`: `INVALID_ARGUMENT` past the last GPU.
@@ -89,26 +85,24 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
-    entry(|| {
-        let handle = node::read(|s| {
-            // SAFETY: NVML contract: `uuid` is null or a NUL-terminated string,
-            // unchanged during the call.
-            let uuid = unsafe { out::read_str(uuid) }?;
-            if let Some(gpu) = s.gpu_by_uuid(uuid) {
-                return lookup::gpu_handle(gpu.index);
-            }
-            for gpu in &s.gpus {
-                for gi in &gpu.gpu_instances {
-                    if let Some(ci) = gi.compute_instances.iter().find(|ci| ci.uuid == uuid) {
-                        return lookup::mig_handle(gpu.index, gi.id, ci.id);
-                    }
+    let find = |s: &NodeState| {
+        // SAFETY: NVML contract: `uuid` is null or a NUL-terminated string,
+        // unchanged during the call.
+        let uuid = unsafe { out::read_str(uuid) }?;
+        if let Some(gpu) = s.gpu_by_uuid(uuid) {
+            return lookup::gpu_handle(gpu.index);
+        }
+        for gpu in &s.gpus {
+            for gi in &gpu.gpu_instances {
+                if let Some(ci) = gi.compute_instances.iter().find(|ci| ci.uuid == uuid) {
+                    return lookup::mig_handle(gpu.index, gi.id, ci.id);
                 }
             }
-            Err(ERROR_NOT_FOUND)
-        })?;
-        // SAFETY: NVML contract: `device` is null or valid for one write.
-        unsafe { out::write(device, handle) }
-    })
+        }
+        Err(ERROR_NOT_FOUND)
+    };
+    // SAFETY: NVML contract: `device` is null or valid for one write.
+    unsafe { answer(device, find) }
 }
 
 fn mig_index(mig: &MigDevice<'_>) -> Res<u32> {
@@ -123,14 +117,13 @@ fn mig_index(mig: &MigDevice<'_>) -> Res<u32> {
 /// (what `nvmlDeviceGetMigDeviceHandleByIndex` takes).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_uint) -> NvmlReturn {
-    entry(|| {
-        let value = node::read(|s| match lookup::device(s, device)? {
+    // SAFETY: NVML contract: `index` is null or valid for one write.
+    unsafe {
+        answer(index, |s| match lookup::device(s, device)? {
             Device::Gpu(gpu) => Ok(gpu.index),
             Device::Mig(mig) => mig_index(&mig),
-        })?;
-        // SAFETY: NVML contract: `index` is null or valid for one write.
-        unsafe { out::write(index, value) }
-    })
+        })
+    }
 }
 
 /// `nvmlDeviceGetUUID`: `GPU-…`, or `MIG-…` for a MIG device.
@@ -181,11 +174,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     device: NvmlDevice,
     minor_number: *mut c_uint,
 ) -> NvmlReturn {
-    entry(|| {
-        let minor = node::read(|s| Ok(lookup::physical_gpu(s, device)?.minor))?;
-        // SAFETY: NVML contract: `minor_number` is null or valid for one write.
-        unsafe { out::write(minor_number, minor) }
-    })
+    // SAFETY: NVML contract: `minor_number` is null or valid for one write.
+    unsafe { answer(minor_number, |s| Ok(lookup::physical_gpu(s, device)?.minor)) }
 }
 
 /// Total bytes of a device: the model's memory, or the MIG profile's.
@@ -322,17 +312,16 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: NvmlDevice,
     count: *mut c_uint,
 ) -> NvmlReturn {
-    entry(|| {
-        let max = node::read(|s| {
+    // SAFETY: NVML contract: `count` is null or valid for one write.
+    unsafe {
+        answer(count, |s| {
             let gpu = lookup::physical_gpu(s, device)?;
             Ok(match profiles::mig_enabled(gpu) {
                 Ok(spec) => spec.max_mig_devices,
                 Err(_) => 0,
             })
-        })?;
-        // SAFETY: NVML contract: `count` is null or valid for one write.
-        unsafe { out::write(count, max) }
-    })
+        })
+    }
 }
 
 /// `nvmlDeviceGetMigDeviceHandleByIndex`: MIG devices are numbered by
@@ -344,8 +333,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig_device: *mut NvmlDevice,
 ) -> NvmlReturn {
-    entry(|| {
-        let handle = node::read(|s| {
+    // SAFETY: NVML contract: `mig_device` is null or valid for one write.
+    unsafe {
+        answer(mig_device, |s| {
             let gpu = lookup::physical_gpu(s, device)?;
             let spec = profiles::mig_enabled(gpu)?;
             if index >= spec.max_mig_devices {
@@ -357,10 +347,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
                 .find(|(i, _, _)| *i == index)
                 .ok_or(ERROR_NOT_FOUND)?;
             lookup::mig_handle(gpu.index, gi.id, ci.id)
-        })?;
-        // SAFETY: NVML contract: `mig_device` is null or valid for one write.
-        unsafe { out::write(mig_device, handle) }
-    })
+        })
+    }
 }
 
 /// `nvmlDeviceGetDeviceHandleFromMigDeviceHandle`: the parent GPU;
@@ -370,14 +358,13 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     mig_device: NvmlDevice,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
-    entry(|| {
-        let handle = node::read(|s| match lookup::device(s, mig_device)? {
+    // SAFETY: NVML contract: `device` is null or valid for one write.
+    unsafe {
+        answer(device, |s| match lookup::device(s, mig_device)? {
             Device::Mig(mig) => lookup::gpu_handle(mig.gpu.index),
             Device::Gpu(_) => Err(ERROR_INVALID_ARGUMENT),
-        })?;
-        // SAFETY: NVML contract: `device` is null or valid for one write.
-        unsafe { out::write(device, handle) }
-    })
+        })
+    }
 }
 
 /// `nvmlDeviceIsMigDeviceHandle`: 1 for a MIG device handle, 0 for a GPU.

@@ -17,7 +17,7 @@
 //! profile's instance count, or the count a NULL query returned); `*count` is
 //! output only.
 
-use std::ffi::c_uint;
+use std::ffi::{c_char, c_uint};
 
 use tessera_model::mig::catalogue::{GiProfileSpec, MigSpec};
 use tessera_sim::state::{NodeState, SimGpu, SimGpuInstance};
@@ -28,9 +28,30 @@ use crate::node::{self, Res};
 use crate::out;
 use crate::profiles::{self, Engines};
 
-use super::entry;
+use super::{answer, entry};
 
 // ---------------------------------------------------------------- GI profiles
+
+/// A versioned GI profile-info struct: what every version shares copied from
+/// the unversioned `$v1`, the fields only this version has as given.
+macro_rules! gi_profile_info_from {
+    ($v1:expr, $info:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+        let v1: NvmlGpuInstanceProfileInfo = $v1;
+        $info {
+            id: v1.id,
+            slice_count: v1.slice_count,
+            instance_count: v1.instance_count,
+            multiprocessor_count: v1.multiprocessor_count,
+            copy_engine_count: v1.copy_engine_count,
+            decoder_count: v1.decoder_count,
+            encoder_count: v1.encoder_count,
+            jpeg_count: v1.jpeg_count,
+            ofa_count: v1.ofa_count,
+            memory_size_mb: v1.memory_size_mb,
+            $($field: $value,)*
+        }
+    }};
+}
 
 /// A GI profile as NVML reports it.
 struct GiProfileInfo {
@@ -65,45 +86,33 @@ impl GiProfileInfo {
 
     fn v2(&self) -> NvmlGpuInstanceProfileInfoV2 {
         let v1 = self.v1();
-        let mut info = NvmlGpuInstanceProfileInfoV2 {
-            version: GPU_INSTANCE_PROFILE_INFO_V2,
-            id: v1.id,
-            is_p2p_supported: v1.is_p2p_supported,
-            slice_count: v1.slice_count,
-            instance_count: v1.instance_count,
-            multiprocessor_count: v1.multiprocessor_count,
-            copy_engine_count: v1.copy_engine_count,
-            decoder_count: v1.decoder_count,
-            encoder_count: v1.encoder_count,
-            jpeg_count: v1.jpeg_count,
-            ofa_count: v1.ofa_count,
-            memory_size_mb: v1.memory_size_mb,
-            name: [0; PROFILE_NAME_SIZE],
-        };
-        out::fill_name(&mut info.name, &profiles::gi_profile_name(self.profile));
-        info
+        gi_profile_info_from!(
+            v1,
+            NvmlGpuInstanceProfileInfoV2 {
+                version: GPU_INSTANCE_PROFILE_INFO_V2,
+                is_p2p_supported: v1.is_p2p_supported,
+                name: profile_name(self.profile),
+            }
+        )
     }
 
     fn v3(&self) -> NvmlGpuInstanceProfileInfoV3 {
-        let v1 = self.v1();
-        let mut info = NvmlGpuInstanceProfileInfoV3 {
-            version: GPU_INSTANCE_PROFILE_INFO_V3,
-            id: v1.id,
-            slice_count: v1.slice_count,
-            instance_count: v1.instance_count,
-            multiprocessor_count: v1.multiprocessor_count,
-            copy_engine_count: v1.copy_engine_count,
-            decoder_count: v1.decoder_count,
-            encoder_count: v1.encoder_count,
-            jpeg_count: v1.jpeg_count,
-            ofa_count: v1.ofa_count,
-            memory_size_mb: v1.memory_size_mb,
-            name: [0; PROFILE_NAME_SIZE],
-            capabilities: profiles::gi_capabilities(self.profile),
-        };
-        out::fill_name(&mut info.name, &profiles::gi_profile_name(self.profile));
-        info
+        gi_profile_info_from!(
+            self.v1(),
+            NvmlGpuInstanceProfileInfoV3 {
+                version: GPU_INSTANCE_PROFILE_INFO_V3,
+                name: profile_name(self.profile),
+                capabilities: profiles::gi_capabilities(self.profile),
+            }
+        )
     }
+}
+
+/// The `name` field of a GI profile's info, and of its CI profile's.
+fn profile_name(profile: &GiProfileSpec) -> [c_char; PROFILE_NAME_SIZE] {
+    let mut name = [0; PROFILE_NAME_SIZE];
+    out::fill_name(&mut name, &profiles::gi_profile_name(profile));
+    name
 }
 
 /// The GI profile at enum index `profile` on the GPU behind `device`.
@@ -202,17 +211,10 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstancePossiblePlacements_v2(
                 })
                 .collect())
         })?;
-        if count.is_null() {
-            return Err(ERROR_INVALID_ARGUMENT);
-        }
-        if !placements.is_null() {
-            // SAFETY: NVML contract: a non-null `placements` holds every
-            // placement of the profile (the count a NULL query returns).
-            unsafe { out::write_all(placements, &all) }?;
-        }
-        let n = c_uint::try_from(all.len()).map_err(|_| ERROR_UNKNOWN)?;
-        // SAFETY: NVML contract: `count` is valid for one write (non-null).
-        unsafe { out::write(count, n) }
+        // SAFETY: NVML contract: `count` is null or valid for one write; a
+        // non-null `placements` holds every placement of the profile (the
+        // count a NULL query returns).
+        unsafe { out::write_counted(placements, count, &all) }
     })
 }
 
@@ -225,17 +227,32 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceRemainingCapacity(
     profile_id: c_uint,
     count: *mut c_uint,
 ) -> NvmlReturn {
-    entry(|| {
-        let n = node::read(|s| {
+    // SAFETY: NVML contract: `count` is null or valid for one write.
+    unsafe {
+        answer(count, |s| {
             let (gpu, _) = gpu_and_profile(s, device, profile_id, true)?;
             tessera_sim::mig::remaining_capacity(gpu, profile_id).map_err(|e| node::sim_code(&e))
-        })?;
-        // SAFETY: NVML contract: `count` is null or valid for one write.
-        unsafe { out::write(count, n) }
-    })
+        })
+    }
 }
 
 // ------------------------------------------------------------- GPU instances
+
+/// Runs a create call's body: `INVALID_ARGUMENT` (and nothing created) when
+/// `handle` is null, else `create`'s instance written through it.
+///
+/// # Safety
+/// `handle` is null or valid for one write.
+unsafe fn write_created<H>(handle: *mut H, create: impl FnOnce() -> Res<H>) -> NvmlReturn {
+    entry(|| {
+        if handle.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let created = create()?;
+        // SAFETY: the caller's contract (non-null).
+        unsafe { out::write(handle, created) }
+    })
+}
 
 /// Creates a GI of `profile_id` on the GPU behind `device` at `start`, or at
 /// the first free legal start when `start` is `None`; returns its handle.
@@ -275,14 +292,12 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstance(
     profile_id: c_uint,
     gpu_instance: *mut NvmlGpuInstance,
 ) -> NvmlReturn {
-    entry(|| {
-        if gpu_instance.is_null() {
-            return Err(ERROR_INVALID_ARGUMENT);
-        }
-        let handle = create_gpu_instance(device, profile_id, None)?;
-        // SAFETY: NVML contract: `gpu_instance` is valid for one write (non-null).
-        unsafe { out::write(gpu_instance, handle) }
-    })
+    // SAFETY: NVML contract: `gpu_instance` is null or valid for one write.
+    unsafe {
+        write_created(gpu_instance, || {
+            create_gpu_instance(device, profile_id, None)
+        })
+    }
 }
 
 /// `nvmlDeviceCreateGpuInstanceWithPlacement`: `INVALID_ARGUMENT` for a
@@ -297,16 +312,13 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
     placement: *const NvmlPlacement,
     gpu_instance: *mut NvmlGpuInstance,
 ) -> NvmlReturn {
-    entry(|| {
-        if gpu_instance.is_null() {
-            return Err(ERROR_INVALID_ARGUMENT);
-        }
+    let create = || {
         // SAFETY: NVML contract: `placement` is null or valid for one read.
         let placement = unsafe { out::read(placement) }?;
-        let handle = create_gpu_instance(device, profile_id, Some(placement))?;
-        // SAFETY: NVML contract: `gpu_instance` is valid for one write (non-null).
-        unsafe { out::write(gpu_instance, handle) }
-    })
+        create_gpu_instance(device, profile_id, Some(placement))
+    };
+    // SAFETY: NVML contract: `gpu_instance` is null or valid for one write.
+    unsafe { write_created(gpu_instance, create) }
 }
 
 /// `nvmlGpuInstanceDestroy`: `IN_USE` while the GI holds a compute instance.
@@ -343,17 +355,10 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
                 .map(|gi| lookup::gi_handle(gpu.index, gi.id))
                 .collect::<Res<Vec<_>>>()
         })?;
-        if gpu_instances.is_null() || count.is_null() {
-            return Err(ERROR_INVALID_ARGUMENT);
-        }
-        let n = c_uint::try_from(handles.len()).map_err(|_| ERROR_UNKNOWN)?;
-        // SAFETY: NVML contract: `gpu_instances` holds the profile's instance
-        // count of handles, at least as many as exist; `count` is valid for
-        // one write. Both are non-null.
-        unsafe {
-            out::write_all(gpu_instances, &handles)?;
-            out::write(count, n)
-        }
+        // SAFETY: NVML contract: `gpu_instances` is null or holds the
+        // profile's instance count of handles, at least as many as exist;
+        // `count` is null or valid for one write.
+        unsafe { out::write_array(gpu_instances, count, &handles) }
     })
 }
 
@@ -364,16 +369,15 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
     id: c_uint,
     gpu_instance: *mut NvmlGpuInstance,
 ) -> NvmlReturn {
-    entry(|| {
-        let handle = node::read(|s| {
+    // SAFETY: NVML contract: `gpu_instance` is null or valid for one write.
+    unsafe {
+        answer(gpu_instance, |s| {
             let gpu = lookup::physical_gpu(s, device)?;
             profiles::mig_enabled(gpu)?;
             let gi = gpu.gpu_instance(id).ok_or(ERROR_NOT_FOUND)?;
             lookup::gi_handle(gpu.index, gi.id)
-        })?;
-        // SAFETY: NVML contract: `gpu_instance` is null or valid for one write.
-        unsafe { out::write(gpu_instance, handle) }
-    })
+        })
+    }
 }
 
 /// `nvmlGpuInstanceGetInfo`: parent device, id, profile id and placement.
@@ -382,8 +386,9 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
     gpu_instance: NvmlGpuInstance,
     info: *mut NvmlGpuInstanceInfo,
 ) -> NvmlReturn {
-    entry(|| {
-        let value = node::read(|s| {
+    // SAFETY: NVML contract: `info` is null or valid for one write.
+    unsafe {
+        answer(info, |s| {
             let (gpu, gi) = lookup::gpu_instance_of(s, gpu_instance)?;
             Ok(NvmlGpuInstanceInfo {
                 device: lookup::gpu_handle(gpu.index)?,
@@ -394,13 +399,31 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
                     size: gi.size,
                 },
             })
-        })?;
-        // SAFETY: NVML contract: `info` is null or valid for one write.
-        unsafe { out::write(info, value) }
-    })
+        })
+    }
 }
 
 // ---------------------------------------------------------------- CI profiles
+
+/// A versioned CI profile-info struct: what every version shares copied from
+/// the unversioned `$v1`, the fields only this version has as given.
+macro_rules! ci_profile_info_from {
+    ($v1:expr, $info:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+        let v1: NvmlComputeInstanceProfileInfo = $v1;
+        $info {
+            id: v1.id,
+            slice_count: v1.slice_count,
+            instance_count: v1.instance_count,
+            multiprocessor_count: v1.multiprocessor_count,
+            shared_copy_engine_count: v1.shared_copy_engine_count,
+            shared_decoder_count: v1.shared_decoder_count,
+            shared_encoder_count: v1.shared_encoder_count,
+            shared_jpeg_count: v1.shared_jpeg_count,
+            shared_ofa_count: v1.shared_ofa_count,
+            $($field: $value,)*
+        }
+    }};
+}
 
 /// The one compute-instance profile a GI offers.
 struct CiProfileInfo {
@@ -426,40 +449,24 @@ impl CiProfileInfo {
     }
 
     fn v2(&self) -> NvmlComputeInstanceProfileInfoV2 {
-        let v1 = self.v1();
-        let mut info = NvmlComputeInstanceProfileInfoV2 {
-            version: COMPUTE_INSTANCE_PROFILE_INFO_V2,
-            id: v1.id,
-            slice_count: v1.slice_count,
-            instance_count: v1.instance_count,
-            multiprocessor_count: v1.multiprocessor_count,
-            shared_copy_engine_count: v1.shared_copy_engine_count,
-            shared_decoder_count: v1.shared_decoder_count,
-            shared_encoder_count: v1.shared_encoder_count,
-            shared_jpeg_count: v1.shared_jpeg_count,
-            shared_ofa_count: v1.shared_ofa_count,
-            name: [0; PROFILE_NAME_SIZE],
-        };
-        out::fill_name(&mut info.name, &profiles::gi_profile_name(self.gi_profile));
-        info
+        ci_profile_info_from!(
+            self.v1(),
+            NvmlComputeInstanceProfileInfoV2 {
+                version: COMPUTE_INSTANCE_PROFILE_INFO_V2,
+                name: profile_name(self.gi_profile),
+            }
+        )
     }
 
     fn v3(&self) -> NvmlComputeInstanceProfileInfoV3 {
-        let v2 = self.v2();
-        NvmlComputeInstanceProfileInfoV3 {
-            version: COMPUTE_INSTANCE_PROFILE_INFO_V3,
-            id: v2.id,
-            slice_count: v2.slice_count,
-            instance_count: v2.instance_count,
-            multiprocessor_count: v2.multiprocessor_count,
-            shared_copy_engine_count: v2.shared_copy_engine_count,
-            shared_decoder_count: v2.shared_decoder_count,
-            shared_encoder_count: v2.shared_encoder_count,
-            shared_jpeg_count: v2.shared_jpeg_count,
-            shared_ofa_count: v2.shared_ofa_count,
-            name: v2.name,
-            capabilities: profiles::ci_capabilities(self.gi_profile),
-        }
+        ci_profile_info_from!(
+            self.v1(),
+            NvmlComputeInstanceProfileInfoV3 {
+                version: COMPUTE_INSTANCE_PROFILE_INFO_V3,
+                name: profile_name(self.gi_profile),
+                capabilities: profiles::ci_capabilities(self.gi_profile),
+            }
+        )
     }
 }
 
@@ -562,14 +569,13 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
     profile_id: c_uint,
     count: *mut c_uint,
 ) -> NvmlReturn {
-    entry(|| {
-        let n = node::read(|s| {
+    // SAFETY: NVML contract: `count` is null or valid for one write.
+    unsafe {
+        answer(count, |s| {
             let (_, gi, _) = ci_profile(s, gpu_instance, profile_id)?;
             Ok(c_uint::from(gi.compute_instances.is_empty()))
-        })?;
-        // SAFETY: NVML contract: `count` is null or valid for one write.
-        unsafe { out::write(count, n) }
-    })
+        })
+    }
 }
 
 /// `nvmlGpuInstanceGetComputeInstancePossiblePlacements`: the one placement,
@@ -586,15 +592,9 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstancePossiblePlacements(
             let (_, _, found) = ci_profile(s, gpu_instance, profile_id)?;
             Ok(full_ci_placement(found.gi_profile))
         })?;
-        if count.is_null() {
-            return Err(ERROR_INVALID_ARGUMENT);
-        }
-        if !placements.is_null() {
-            // SAFETY: NVML contract: a non-null `placements` holds every placement (one).
-            unsafe { out::write(placements, placement) }?;
-        }
-        // SAFETY: NVML contract: `count` is valid for one write (non-null).
-        unsafe { out::write(count, 1) }
+        // SAFETY: NVML contract: `count` is null or valid for one write; a
+        // non-null `placements` holds every placement (one).
+        unsafe { out::write_counted(placements, count, &[placement]) }
     })
 }
 
@@ -639,14 +639,9 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
     profile_id: c_uint,
     compute_instance: *mut NvmlComputeInstance,
 ) -> NvmlReturn {
-    entry(|| {
-        if compute_instance.is_null() {
-            return Err(ERROR_INVALID_ARGUMENT);
-        }
-        let handle = create_compute_instance(gpu_instance, profile_id, None)?;
-        // SAFETY: NVML contract: `compute_instance` is valid for one write (non-null).
-        unsafe { out::write(compute_instance, handle) }
-    })
+    let create = || create_compute_instance(gpu_instance, profile_id, None);
+    // SAFETY: NVML contract: `compute_instance` is null or valid for one write.
+    unsafe { write_created(compute_instance, create) }
 }
 
 /// `nvmlGpuInstanceCreateComputeInstanceWithPlacement`: the placement must be
@@ -658,16 +653,13 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstanceWithPlacement(
     placement: *const NvmlPlacement,
     compute_instance: *mut NvmlComputeInstance,
 ) -> NvmlReturn {
-    entry(|| {
-        if compute_instance.is_null() {
-            return Err(ERROR_INVALID_ARGUMENT);
-        }
+    let create = || {
         // SAFETY: NVML contract: `placement` is null or valid for one read.
         let placement = unsafe { out::read(placement) }?;
-        let handle = create_compute_instance(gpu_instance, profile_id, Some(placement))?;
-        // SAFETY: NVML contract: `compute_instance` is valid for one write (non-null).
-        unsafe { out::write(compute_instance, handle) }
-    })
+        create_compute_instance(gpu_instance, profile_id, Some(placement))
+    };
+    // SAFETY: NVML contract: `compute_instance` is null or valid for one write.
+    unsafe { write_created(compute_instance, create) }
 }
 
 /// `nvmlComputeInstanceDestroy`.
@@ -703,17 +695,10 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
                 .map(|ci| lookup::ci_handle(gpu.index, gi.id, ci.id))
                 .collect::<Res<Vec<_>>>()
         })?;
-        if compute_instances.is_null() || count.is_null() {
-            return Err(ERROR_INVALID_ARGUMENT);
-        }
-        let n = c_uint::try_from(handles.len()).map_err(|_| ERROR_UNKNOWN)?;
-        // SAFETY: NVML contract: `compute_instances` holds the profile's
-        // instance count of handles (at least as many as exist); `count` is
-        // valid for one write. Both are non-null.
-        unsafe {
-            out::write_all(compute_instances, &handles)?;
-            out::write(count, n)
-        }
+        // SAFETY: NVML contract: `compute_instances` is null or holds the
+        // profile's instance count of handles (at least as many as exist);
+        // `count` is null or valid for one write.
+        unsafe { out::write_array(compute_instances, count, &handles) }
     })
 }
 
@@ -725,15 +710,14 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
     id: c_uint,
     compute_instance: *mut NvmlComputeInstance,
 ) -> NvmlReturn {
-    entry(|| {
-        let handle = node::read(|s| {
+    // SAFETY: NVML contract: `compute_instance` is null or valid for one write.
+    unsafe {
+        answer(compute_instance, |s| {
             let (gpu, gi) = lookup::gpu_instance_of(s, gpu_instance)?;
             let ci = gi.compute_instance(id).ok_or(ERROR_NOT_FOUND)?;
             lookup::ci_handle(gpu.index, gi.id, ci.id)
-        })?;
-        // SAFETY: NVML contract: `compute_instance` is null or valid for one write.
-        unsafe { out::write(compute_instance, handle) }
-    })
+        })
+    }
 }
 
 /// # Safety
@@ -742,8 +726,9 @@ unsafe fn compute_instance_info(
     compute_instance: NvmlComputeInstance,
     info: *mut NvmlComputeInstanceInfo,
 ) -> NvmlReturn {
-    entry(|| {
-        let value = node::read(|s| {
+    // SAFETY: the caller's contract.
+    unsafe {
+        answer(info, |s| {
             let (gpu, gi, ci) = lookup::compute_instance_of(s, compute_instance)?;
             let gi_profile = profiles::gi_profile_of(gpu, gi)?;
             Ok(NvmlComputeInstanceInfo {
@@ -753,10 +738,8 @@ unsafe fn compute_instance_info(
                 profile_id: ci.profile_id,
                 placement: full_ci_placement(gi_profile),
             })
-        })?;
-        // SAFETY: the caller's contract.
-        unsafe { out::write(info, value) }
-    })
+        })
+    }
 }
 
 /// `nvmlComputeInstanceGetInfo_v2`: parent device and GI, id, profile id,

@@ -16,8 +16,11 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use tessera_sim::state::NodeState;
+
 use crate::ffi::{ERROR_UNKNOWN, NvmlReturn, SUCCESS};
-use crate::node::Res;
+use crate::node::{self, Res};
+use crate::out;
 
 pub mod device;
 pub mod mig;
@@ -32,4 +35,17 @@ fn entry(body: impl FnOnce() -> Res<()>) -> NvmlReturn {
         Ok(Err(code)) => code,
         Err(_) => ERROR_UNKNOWN,
     }
+}
+
+/// Runs a query call's body: reads one value from the node state under the
+/// library's lock, then, the lock released, writes it through `result`.
+///
+/// # Safety
+/// `result` is null or valid for one write of a `T`.
+unsafe fn answer<T>(result: *mut T, query: impl FnOnce(&NodeState) -> Res<T>) -> NvmlReturn {
+    entry(|| {
+        let value = node::read(query)?;
+        // SAFETY: the caller's contract.
+        unsafe { out::write(result, value) }
+    })
 }

@@ -6,7 +6,7 @@ use crate::ffi::*;
 use crate::node;
 use crate::out;
 
-use super::entry;
+use super::{answer, entry};
 
 // Exports never call each other: a program's own symbol of the same name
 // could stand in for the callee. They share private functions instead.
@@ -130,11 +130,8 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
 /// # Safety
 /// `out_version` is null or valid for writing one int.
 unsafe fn write_cuda_version(out_version: *mut c_int) -> NvmlReturn {
-    entry(|| {
-        let v = node::read(|s| Ok(s.cuda_driver_version))?;
-        // SAFETY: NVML contract: the pointer is null or valid for one int.
-        unsafe { out::write(out_version, v) }
-    })
+    // SAFETY: NVML contract: the pointer is null or valid for one int.
+    unsafe { answer(out_version, |s| Ok(s.cuda_driver_version)) }
 }
 
 /// `nvmlSystemGetCudaDriverVersion`: the node's CUDA driver version (`12080` = 12.8).

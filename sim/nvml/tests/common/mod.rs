@@ -6,65 +6,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use nvml_wrapper_sys::bindings::NvmlLib;
-use tempfile::TempDir;
-use tessera_model::mig::catalogue::{self, GiProfileSpec};
 use tessera_sim::state::{NodeState, SimGpu, StateStore};
+use tessera_test_support::node::StandIn;
 
 /// Where the installed library lives inside a node root.
 pub const LIB_IN_ROOT: &str = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
+
+/// The cdylib cargo built for this test run (`target/<profile>/deps/`, where
+/// `cargo test` leaves it, or `target/<profile>/` for a test binary run on its own).
+pub fn built_library() -> PathBuf {
+    tessera_test_support::built_library(StandIn::Nvml.built_name())
+}
 
 /// Env var telling a re-run of this test binary which child role to play.
 pub const CHILD_ROLE: &str = "TESSERA_NVML_TEST_CHILD";
 /// Env var handing the child the node root.
 pub const CHILD_ROOT: &str = "TESSERA_NVML_TEST_ROOT";
-
-/// The cdylib cargo built for this test run.
-///
-/// `cargo test` compiles the library as `cdylib` + `rlib` before the
-/// integration tests but leaves the `.so` in `target/<profile>/deps/` (it
-/// copies it up to `target/<profile>/` only for `cargo build`), so the copy
-/// next to this test binary is the fresh one; `target/<profile>/` is the
-/// fallback for a test binary run on its own.
-pub fn built_library() -> PathBuf {
-    const NAME: &str = "libtessera_sim_nvml.so";
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe
-        .parent()
-        .expect("test binary lives in target/<profile>/deps");
-    let candidates = [deps.join(NAME), deps.parent().unwrap_or(deps).join(NAME)];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{NAME} not found at {} or {}: build it with `cargo build -p tessera-sim-nvml` \
-                 (`cargo test -p tessera-sim-nvml` builds it too)",
-                candidates[0].display(),
-                candidates[1].display()
-            )
-        })
-        .clone()
-}
-
-/// The catalogue's GI profile `id` of model `key`: expected values come
-/// from the catalogue, so tuning its numbers does not break these tests.
-pub fn profile(key: &str, id: u32) -> &'static GiProfileSpec {
-    let model = catalogue::find(key).unwrap_or_else(|| panic!("model {key}"));
-    let mig = model
-        .mig
-        .as_ref()
-        .unwrap_or_else(|| panic!("{key} has MIG"));
-    mig.profile_by_id(id)
-        .unwrap_or_else(|| panic!("{key} has profile {id}"))
-}
-
-/// The catalogue's whole-GPU memory of model `key`, in bytes.
-pub fn gpu_bytes(key: &str) -> u64 {
-    catalogue::find(key)
-        .unwrap_or_else(|| panic!("model {key}"))
-        .memory_mib
-        * MIB
-}
 
 /// Bytes in a MiB.
 pub const MIB: u64 = 1024 * 1024;
@@ -83,41 +40,48 @@ pub fn gpu(index: u32, minor: u32, model: &str, mig: bool) -> SimGpu {
     }
 }
 
-/// A node root in a temporary directory, holding a state file and a copy of
-/// the built library at [`LIB_IN_ROOT`]. Each copy is its own file, so each
-/// test loads its own instance of the library, with its own globals.
+/// A node root in a temporary directory (a `tessera-test-support` node,
+/// files only), holding a state file and a copy of the built library at
+/// [`LIB_IN_ROOT`]. Each copy is its own file, so each test loads its own
+/// instance of the library, with its own globals.
 pub struct SimNode {
-    dir: TempDir,
+    node: tessera_test_support::node::SimNode,
 }
 
 impl SimNode {
     /// A node with these GPUs.
     pub fn new(gpus: Vec<SimGpu>) -> SimNode {
-        let node = SimNode::without_state();
         let mut state = NodeState::new("570.133.20");
         state.cuda_driver_version = 12080;
         state.gpus = gpus;
-        StateStore::write_new(node.root(), &state).expect("write state");
-        node
+        SimNode::build(tessera_test_support::node::SimNode::state(state))
     }
 
     /// A root with the library installed but no state file.
     pub fn without_state() -> SimNode {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let lib = dir.path().join(LIB_IN_ROOT);
-        std::fs::create_dir_all(lib.parent().expect("lib dir")).expect("mkdir lib dir");
-        std::fs::copy(built_library(), &lib).expect("install library");
-        SimNode { dir }
+        SimNode::build(
+            tessera_test_support::node::SimNode::state(NodeState::new("570.133.20"))
+                .without_state_file(),
+        )
+    }
+
+    fn build(builder: tessera_test_support::node::SimNodeBuilder) -> SimNode {
+        // The crate's own cdylib: `cargo test` builds it, so missing is a broken setup.
+        let node = builder
+            .stand_ins(&[StandIn::Nvml])
+            .build()
+            .unwrap_or_else(|skip| panic!("{}", skip.reason));
+        SimNode { node }
     }
 
     /// The node root.
     pub fn root(&self) -> &Path {
-        self.dir.path()
+        self.node.root()
     }
 
     /// The installed library.
     pub fn lib_path(&self) -> PathBuf {
-        self.root().join(LIB_IN_ROOT)
+        self.node.library(StandIn::Nvml)
     }
 
     /// The node's state store, for checking what the library wrote.

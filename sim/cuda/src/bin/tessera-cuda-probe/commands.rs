@@ -1,7 +1,7 @@
 //! The probe's verbs.
 
 use std::error::Error;
-use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
+use std::ffi::{c_int, c_uint};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -39,12 +39,7 @@ impl Session {
             api.check("cuInit", (api.init)(0))?;
             let mut dev = 0;
             api.check("cuDeviceGet", (api.device_get)(&mut dev, device))?;
-            let mut ctx = std::ptr::null_mut();
-            api.check(
-                "cuDevicePrimaryCtxRetain",
-                (api.primary_ctx_retain)(&mut ctx, dev),
-            )?;
-            api.check("cuCtxSetCurrent", (api.ctx_set_current)(ctx))?;
+            let ctx = api.retain_primary_current(dev)?;
             Ok(Session {
                 api,
                 device: dev,
@@ -160,12 +155,7 @@ pub fn info(route: Route) -> Outcome {
                 (api.device_get_pci_bus_id)(bus.as_mut_ptr(), 32, dev),
             )?;
             let bus = std::ffi::CStr::from_ptr(bus.as_ptr()).to_string_lossy();
-            let mut ctx = std::ptr::null_mut();
-            api.check(
-                "cuDevicePrimaryCtxRetain",
-                (api.primary_ctx_retain)(&mut ctx, dev),
-            )?;
-            api.check("cuCtxSetCurrent", (api.ctx_set_current)(ctx))?;
+            api.retain_primary_current(dev)?;
             let (mut free, mut mem_total) = (0, 0);
             api.check(
                 "cuMemGetInfo_v2",
@@ -238,19 +228,6 @@ pub struct AllocArgs {
     /// Seconds to hold the blocks (after printing `state=holding`) before freeing.
     #[arg(long)]
     hold_secs: Option<f64>,
-}
-
-enum Block {
-    Linear(DevPtr),
-    Host(*mut c_void),
-    Vmm {
-        va: DevPtr,
-        size: usize,
-        handle: c_ulonglong,
-    },
-    Async(DevPtr),
-    Array(Handle),
-    Mipmap(Handle),
 }
 
 struct Allocator<'a> {
@@ -366,38 +343,19 @@ impl Allocator<'_> {
                     Ok((Block::Async(p), bytes))
                 }
                 AllocApi::Array => {
-                    let d = ArrayDescriptor {
-                        width: 1024,
-                        height: mib * 256,
-                        format: FORMAT_FLOAT,
-                        num_channels: 1,
-                    };
+                    let d = ArrayDescriptor::floats(1024, mib * 256);
                     let mut h = std::ptr::null_mut();
                     ok("cuArrayCreate_v2", (a.array_create)(&mut h, &d))?;
                     Ok((Block::Array(h), bytes))
                 }
                 AllocApi::Array3d => {
-                    let d = Array3dDescriptor {
-                        width: 256,
-                        height: 256,
-                        depth: mib * 4,
-                        format: FORMAT_FLOAT,
-                        num_channels: 1,
-                        flags: 0,
-                    };
+                    let d = Array3dDescriptor::floats(256, 256, mib * 4);
                     let mut h = std::ptr::null_mut();
                     ok("cuArray3DCreate_v2", (a.array3d_create)(&mut h, &d))?;
                     Ok((Block::Array(h), bytes))
                 }
                 AllocApi::Mipmap => {
-                    let d = Array3dDescriptor {
-                        width: 1024,
-                        height: mib * 256,
-                        depth: 0,
-                        format: FORMAT_FLOAT,
-                        num_channels: 1,
-                        flags: 0,
-                    };
+                    let d = Array3dDescriptor::floats(1024, mib * 256, 0);
                     let mut h = std::ptr::null_mut();
                     ok(
                         "cuMipmappedArrayCreate",
@@ -558,9 +516,10 @@ pub struct LaunchArgs {
     /// Kernels per round.
     #[arg(long)]
     kernels: u32,
-    /// Thread blocks per kernel.
-    #[arg(long)]
-    blocks: u32,
+    /// Thread blocks per kernel; a comma list gives the kernels of a round
+    /// these sizes in turn (e.g. `100,300,1000`).
+    #[arg(long, value_delimiter = ',', required = true)]
+    blocks: Vec<u32>,
     /// Threads per block.
     #[arg(long, default_value_t = 128)]
     threads: u32,
@@ -584,24 +543,26 @@ pub fn launch(route: Route, args: &LaunchArgs) -> Outcome {
     let a = &s.api;
     let stream = s.stream()?;
     let f = s.function()?;
-    let (grid, block) = ([args.blocks, 1, 1], [args.threads, 1, 1]);
+    let block = [args.threads, 1, 1];
+    let grids: Vec<[u32; 3]> = args.blocks.iter().map(|&b| [b, 1, 1]).collect();
+    let grid_of = |kernel: u32| grids[kernel as usize % grids.len()];
     let mut exec = std::ptr::null_mut();
     let mut graph = std::ptr::null_mut();
     if args.api == LaunchApi::Graph {
         // SAFETY: graph calls with live out-pointers and a valid node struct.
         unsafe {
             a.check("cuGraphCreate", (a.graph_create)(&mut graph, 0))?;
-            let params = KernelNodeParams {
-                func: f,
-                grid,
-                block,
-                shared_mem_bytes: 0,
-                kernel_params: std::ptr::null_mut(),
-                extra: std::ptr::null_mut(),
-                kern: std::ptr::null_mut(),
-                ctx: std::ptr::null_mut(),
-            };
-            for _ in 0..args.kernels {
+            for k in 0..args.kernels {
+                let params = KernelNodeParams {
+                    func: f,
+                    grid: grid_of(k),
+                    block,
+                    shared_mem_bytes: 0,
+                    kernel_params: std::ptr::null_mut(),
+                    extra: std::ptr::null_mut(),
+                    kern: std::ptr::null_mut(),
+                    ctx: std::ptr::null_mut(),
+                };
                 let mut node = std::ptr::null_mut();
                 a.check(
                     "cuGraphAddKernelNode_v2",
@@ -618,61 +579,33 @@ pub fn launch(route: Route, args: &LaunchArgs) -> Outcome {
         // SAFETY: launches with handles made above; no kernel parameters.
         unsafe {
             match args.api {
-                LaunchApi::Launch => {
-                    for _ in 0..args.kernels {
-                        a.check(
-                            "cuLaunchKernel",
-                            (a.launch_kernel)(
-                                f,
-                                grid[0],
-                                grid[1],
-                                grid[2],
-                                block[0],
-                                block[1],
-                                block[2],
-                                0,
-                                stream,
-                                std::ptr::null_mut(),
-                                std::ptr::null_mut(),
-                            ),
-                        )?;
+                LaunchApi::Launch | LaunchApi::Cooperative => {
+                    let cooperative = args.api == LaunchApi::Cooperative;
+                    let call = if cooperative {
+                        "cuLaunchCooperativeKernel"
+                    } else {
+                        "cuLaunchKernel"
+                    };
+                    for k in 0..args.kernels {
+                        a.check(call, a.launch(cooperative, f, grid_of(k), block, stream))?;
                     }
                 }
                 LaunchApi::LaunchEx => {
-                    let config = LaunchConfig {
-                        grid,
-                        block,
-                        shared_mem_bytes: 0,
-                        stream,
-                        attrs: std::ptr::null_mut(),
-                        num_attrs: 0,
-                    };
-                    for _ in 0..args.kernels {
+                    for k in 0..args.kernels {
+                        let config = LaunchConfig {
+                            grid: grid_of(k),
+                            block,
+                            shared_mem_bytes: 0,
+                            stream,
+                            attrs: std::ptr::null_mut(),
+                            num_attrs: 0,
+                        };
                         a.check(
                             "cuLaunchKernelEx",
                             (a.launch_kernel_ex)(
                                 &config,
                                 f,
                                 std::ptr::null_mut(),
-                                std::ptr::null_mut(),
-                            ),
-                        )?;
-                    }
-                }
-                LaunchApi::Cooperative => {
-                    for _ in 0..args.kernels {
-                        a.check(
-                            "cuLaunchCooperativeKernel",
-                            (a.launch_cooperative_kernel)(
-                                f,
-                                grid[0],
-                                grid[1],
-                                grid[2],
-                                block[0],
-                                block[1],
-                                block[2],
-                                0,
-                                stream,
                                 std::ptr::null_mut(),
                             ),
                         )?;
@@ -717,7 +650,14 @@ pub fn launch(route: Route, args: &LaunchArgs) -> Outcome {
     );
     line("rounds", rounds);
     line("kernels_launched", kernels);
-    line("blocks_per_kernel", args.blocks);
+    line(
+        "blocks_per_kernel",
+        args.blocks
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    );
     line("seconds", format!("{:.6}", elapsed.as_secs_f64()));
     line(
         "launches_per_sec",
@@ -795,21 +735,7 @@ pub fn bench(route: Route, args: &BenchArgs) -> Outcome {
 
     let launch = measure(rounds, n, || {
         // SAFETY: a 1-block launch of a loaded function on a live stream.
-        let rc = unsafe {
-            (a.launch_kernel)(
-                f,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                stream,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        };
+        let rc = unsafe { a.launch(false, f, [1; 3], [1; 3], stream) };
         rc == SUCCESS
     })?;
     // SAFETY: waits on the stream made above.

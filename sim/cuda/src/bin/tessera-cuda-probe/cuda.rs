@@ -87,6 +87,26 @@ pub struct MemPoolProps {
     pub reserved: [u8; 54],
 }
 
+/// A block of memory the probe allocated, by the call that frees it.
+pub enum Block {
+    /// `cuMemFree_v2` (linear, pitched and managed memory).
+    Linear(DevPtr),
+    /// `cuMemFreeHost`.
+    Host(*mut c_void),
+    /// A VMM mapping (`cuMemUnmap`, `cuMemAddressFree`) of the memory behind `handle`.
+    Vmm {
+        va: DevPtr,
+        size: usize,
+        handle: c_ulonglong,
+    },
+    /// `cuMemFreeAsync`.
+    Async(DevPtr),
+    /// `cuArrayDestroy`.
+    Array(Handle),
+    /// `cuMipmappedArrayDestroy`.
+    Mipmap(Handle),
+}
+
 /// `CUDA_ARRAY_DESCRIPTOR`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -107,6 +127,32 @@ pub struct Array3dDescriptor {
     pub format: c_uint,
     pub num_channels: c_uint,
     pub flags: c_uint,
+}
+
+impl ArrayDescriptor {
+    /// A `width × height` array of one-channel floats.
+    pub fn floats(width: usize, height: usize) -> ArrayDescriptor {
+        ArrayDescriptor {
+            width,
+            height,
+            format: FORMAT_FLOAT,
+            num_channels: 1,
+        }
+    }
+}
+
+impl Array3dDescriptor {
+    /// A `width × height × depth` array of one-channel floats (no flags).
+    pub fn floats(width: usize, height: usize, depth: usize) -> Array3dDescriptor {
+        Array3dDescriptor {
+            width,
+            height,
+            depth,
+            format: FORMAT_FLOAT,
+            num_channels: 1,
+            flags: 0,
+        }
+    }
 }
 
 /// `CUlaunchConfig`.
@@ -384,6 +430,46 @@ pub fn load(route: Route) -> Result<Api, Failure> {
 }
 
 impl Api {
+    /// `cuLaunchKernel`, or `cooperative` `cuLaunchCooperativeKernel`, of
+    /// `f` on `stream`, with no shared memory or kernel parameters.
+    ///
+    /// # Safety
+    /// `f` is a loaded function and `stream` a live stream (or null).
+    pub unsafe fn launch(
+        &self,
+        cooperative: bool,
+        f: Handle,
+        [gx, gy, gz]: [c_uint; 3],
+        [bx, by, bz]: [c_uint; 3],
+        stream: Handle,
+    ) -> CuResult {
+        let none = std::ptr::null_mut();
+        // SAFETY: the caller's contract; the geometry and NULL parameters
+        // are passed by value.
+        unsafe {
+            if cooperative {
+                (self.launch_cooperative_kernel)(f, gx, gy, gz, bx, by, bz, 0, stream, none)
+            } else {
+                (self.launch_kernel)(f, gx, gy, gz, bx, by, bz, 0, stream, none, none)
+            }
+        }
+    }
+
+    /// Retains device `dev`'s primary context and makes it current.
+    pub fn retain_primary_current(&self, dev: c_int) -> Result<Handle, Failure> {
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: cuda.h contracts: a live out-pointer, then the context
+        // just retained.
+        unsafe {
+            self.check(
+                "cuDevicePrimaryCtxRetain",
+                (self.primary_ctx_retain)(&mut ctx, dev),
+            )?;
+            self.check("cuCtxSetCurrent", (self.ctx_set_current)(ctx))?;
+        }
+        Ok(ctx)
+    }
+
     /// The enum name of `code`.
     pub fn error_name(&self, code: CuResult) -> String {
         let mut name: *const c_char = std::ptr::null();

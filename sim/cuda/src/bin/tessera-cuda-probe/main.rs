@@ -72,11 +72,8 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            let text = e.to_string();
-            let message = text.split("Usage:").next().unwrap_or_default();
-            let message = message.strip_prefix("error:").unwrap_or(message);
-            let message = message.split_whitespace().collect::<Vec<_>>().join(" ");
-            eprintln!("tessera-cuda-probe: {message} (see tessera-cuda-probe --help)");
+            let line = tessera_sim::report::usage_error_line("tessera-cuda-probe", &e.to_string());
+            eprintln!("{line}");
             return ExitCode::from(2);
         }
     };

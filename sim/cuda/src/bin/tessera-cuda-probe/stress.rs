@@ -10,7 +10,7 @@
 //! held at the end take) when done; with `--hold`, `state=holding` and
 //! waits for a line on stdin before freeing them.
 
-use std::ffi::{c_int, c_ulonglong, c_void};
+use std::ffi::{c_int, c_void};
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -51,17 +51,6 @@ struct Leftover(Vec<(Block, usize)>, Handle, Handle);
 // SAFETY: the handles are driver objects, valid from any thread of the
 // process; the main thread uses them only after their thread ended.
 unsafe impl Send for Leftover {}
-
-enum Block {
-    Linear(DevPtr),
-    Vmm {
-        va: DevPtr,
-        size: usize,
-        handle: c_ulonglong,
-    },
-    Async(DevPtr),
-    Array(Handle),
-}
 
 struct Rng(u64);
 
@@ -279,12 +268,7 @@ fn alloc(
                 Ok((Block::Linear(p), 0))
             }
             _ => {
-                let d = ArrayDescriptor {
-                    width: 1024,
-                    height: bytes / 4096,
-                    format: 0x20,
-                    num_channels: 1,
-                };
+                let d = ArrayDescriptor::floats(1024, bytes / 4096);
                 let mut h = std::ptr::null_mut();
                 ok((api.array_create)(&mut h, &d))?;
                 Ok((Block::Array(h), bytes))
@@ -315,6 +299,8 @@ fn free(api: &Api, block: Block, stream: Handle, rng: &mut Rng) -> CuResult {
             }
             Block::Async(p) => (api.mem_free_async)(p, stream),
             Block::Array(h) => (api.array_destroy)(h),
+            Block::Host(p) => (api.mem_free_host)(p),
+            Block::Mipmap(h) => (api.mipmapped_array_destroy)(h),
         }
     }
 }

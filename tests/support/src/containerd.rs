@@ -31,10 +31,11 @@ use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::hookenv::{SCRATCH_BASE, hook_rootfs, scratch_dir};
+use crate::prereq::Need;
+use crate::rootfs::{SCRATCH_BASE, busybox_rootfs, mounts_under, scratch_dir};
 use crate::run;
 
-/// The CRI API subset the tests use (`tests/proto/cri-api-v1-subset.proto`,
+/// The CRI API subset the tests use (`tests/support/proto/cri-api-v1-subset.proto`,
 /// package `runtime.v1`), compiled by `build.rs`.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod cri {
@@ -73,32 +74,29 @@ pub fn bin_dir() -> PathBuf {
         .map_or_else(|| PathBuf::from(DEFAULT_BIN_DIR), PathBuf::from)
 }
 
-/// Why the containerd tests cannot run here, if they cannot: root, runc,
-/// podman and tar (the crate's usual rule), and containerd 1.7 under
-/// [`bin_dir`]. Under CI (`CI` set) anything missing is a failure, as with
-/// [`crate::prerequisites`].
-pub fn prerequisites() -> Option<String> {
-    if let Some(why) = crate::prerequisites(&["runc", "podman", "tar"]) {
-        return Some(why);
-    }
+/// What the containerd runner needs: root, runc, podman and tar (to build
+/// the image), and containerd 1.7 under [`bin_dir`] — for [`crate::require`].
+pub fn needs() -> Vec<Need> {
     let dir = bin_dir();
-    let missing: Vec<String> = ["containerd", "containerd-shim-runc-v2", "ctr"]
-        .iter()
-        .map(|b| dir.join(b))
-        .filter(|p| !p.is_file())
-        .map(|p| p.display().to_string())
-        .collect();
-    let mut reasons = Vec::new();
-    if !missing.is_empty() {
-        reasons.push(format!(
-            "containerd 1.7 not installed ({} missing: run scripts/lib.sh's \
-             tessera_install_containerd, or set TESSERA_CONTAINERD_BIN_DIR)",
-            missing.join(", ")
-        ));
-    } else if !Path::new(RUNC).is_file() {
-        reasons.push(format!("{RUNC} missing (apt-get install runc)"));
-    }
-    crate::verdict(reasons)
+    let mut needs = vec![
+        Need::Root,
+        Need::Program("runc"),
+        Need::Program("podman"),
+        Need::Program("tar"),
+    ];
+    needs.extend(["containerd", "containerd-shim-runc-v2", "ctr"].map(|b| {
+        Need::File {
+            path: dir.join(b),
+            fix: "containerd 1.7: run scripts/lib.sh's tessera_install_containerd, \
+              or set TESSERA_CONTAINERD_BIN_DIR"
+                .to_owned(),
+        }
+    }));
+    needs.push(Need::File {
+        path: PathBuf::from(RUNC),
+        fix: "install: apt-get install runc".to_owned(),
+    });
+    needs
 }
 
 /// A CRI pid namespace mode, as kubelet chooses it for a pod.
@@ -326,7 +324,7 @@ pub fn busybox_image_archive() -> Result<ImageArchive> {
         .into_iter()
         .find(|p| Path::new(p).exists())
         .context("busybox-static is not installed (apt-get install busybox-static)")?;
-    const RECIPE: &str = "v1: hook_rootfs + dev proc sys etc tmp; CMD sleep infinity";
+    const RECIPE: &str = "v1: busybox_rootfs + dev proc sys etc tmp; CMD sleep infinity";
     let key = fs::read(busybox)?
         .iter()
         .chain(RECIPE.as_bytes())
@@ -344,7 +342,7 @@ pub fn busybox_image_archive() -> Result<ImageArchive> {
     }
 
     let work = scratch_dir("image")?;
-    let rootfs = hook_rootfs(work.path())?;
+    let rootfs = busybox_rootfs(work.path())?;
     for dir in ["dev", "proc", "sys", "etc", "tmp", "run"] {
         fs::create_dir_all(rootfs.join(dir))?;
     }
@@ -839,7 +837,7 @@ impl Partial {
         }
         remove_cgroups(&self.dirs.cgroup_parent);
         // Mounts below the scratch directory, deepest first.
-        let mut mounts = crate::sentinel::mounts_under(&self.dirs.base).unwrap_or_default();
+        let mut mounts = mounts_under(&self.dirs.base).unwrap_or_default();
         mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for mount in mounts {
             let status = Command::new("umount")

@@ -345,8 +345,14 @@ pub struct RunOutcome {
 /// Runs a bundle from create to delete, tolerating a refused create (a hook
 /// that fails stops the container there, which hostile-rootfs tests expect).
 pub fn run_bundle(runtime: Runtime, bundle: &Bundle, tag: &str) -> Result<RunOutcome> {
-    let id = unique_id(tag);
-    let container = match Container::create(runtime, bundle, &id) {
+    run_bundle_as(runtime, bundle, &unique_id(tag))
+}
+
+/// [`run_bundle`] with the container id chosen by the caller (from
+/// [`unique_id`]), so a test can look for what a hook recorded about that
+/// very container.
+pub fn run_bundle_as(runtime: Runtime, bundle: &Bundle, id: &str) -> Result<RunOutcome> {
+    let container = match Container::create(runtime, bundle, id) {
         Ok(c) => c,
         Err(e) => {
             return Ok(RunOutcome {
