@@ -144,6 +144,7 @@ echo
 echo "| setup | tenant's SM limit | achieved %, median (min-max) | within 10 % |"
 echo "|---|---|---|---|"
 missed=""
+broken=""
 for ((i = 0; i < ${#setups[@]}; i++)); do
     IFS='|' read -r label tenants kind <<<"${setups[$i]}"
     IFS=',' read -r -a specs <<<"$tenants"
@@ -153,9 +154,20 @@ for ((i = 0; i < ${#setups[@]}; i++)); do
         read -r med min max <<<"$(for ((r = 0; r < repeats; r++)); do
             sed -n "$((k + 1))p" "$work/result.$i.$r"
         done | stats)"
+        # A missing figure is a broken measurement, in any build.
+        if ! [[ $med =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+            broken="$broken $label/$percent"
+        fi
         case "$percent" in
             none) limit="none (no library)"; verdict="-" ;;
-            0) limit="none (0)"; verdict="-" ;;
+            0)
+                limit="none (0)"; verdict="-"
+                # Unlimited, the workload must fill the device, or the
+                # controls above prove nothing.
+                if ! awk -v m="$med" 'BEGIN { exit !(m > 90) }'; then
+                    broken="$broken $label($med: an unlimited tenant did not fill the device)"
+                fi
+                ;;
             *)
                 limit="$percent %"
                 [ "$bias" != 0 ] && limit="$limit, report ${bias#-}% $([ "${bias:0:1}" = - ] && echo low || echo high)"
@@ -173,6 +185,10 @@ for ((i = 0; i < ${#setups[@]}; i++)); do
 done
 echo
 echo "load average during the run: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
+if [ -n "$broken" ]; then
+    echo "bench-sm-limit: broken measurement:$broken" >&2
+    exit 1
+fi
 if [ -n "$missed" ]; then
     if [ "$profile" = release ]; then
         echo "missed:$missed"

@@ -21,6 +21,7 @@ git worktree add --detach "$work/tree" "$rev" >/dev/null
 echo "== building libtessera_vgpu.so at $rev"
 CARGO_TARGET_DIR="$work/target" cargo build --manifest-path "$work/tree/Cargo.toml" -p tessera-vgpu
 old_lib="$work/target/debug/libtessera_vgpu.so"
+[ -f "$old_lib" ] || { echo "control-vgpu-previous: no $old_lib after the build" >&2; exit 1; }
 
 echo "== building today's tests and stand-ins"
 cargo build --locked -p tessera-sim -p tessera-sim-cuda -p tessera-sim-nvml
@@ -35,8 +36,13 @@ TESSERA_TEST_VGPU_LIBRARY="$old_lib" TESSERA_REQUIRE_ALL=1 timeout "${TESSERA_CO
 status=$?
 set -e
 [ "$status" = 124 ] && echo "== cut off after ${TESSERA_CONTROL_TIMEOUT:-180} s (a test hung)"
-if [ "$status" = 0 ]; then
-    echo "control-vgpu-previous: every test passed against $rev: the tests do not tell that library from today's" >&2
-    exit 1
-fi
+case "$status" in
+    0)
+        echo "control-vgpu-previous: every test passed against $rev: the tests do not tell that library from today's" >&2
+        exit 1 ;;
+    101 | 124) ;; # test failures, or a hang cut off
+    *)
+        echo "control-vgpu-previous: the run itself failed (exit $status), which proves nothing" >&2
+        exit 1 ;;
+esac
 echo "== as expected, the tests fail against $rev"

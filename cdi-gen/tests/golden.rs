@@ -50,7 +50,8 @@ struct Goldens {
 impl Goldens {
     fn new() -> Self {
         Goldens {
-            bless: std::env::var_os("TESSERA_BLESS").is_some(),
+            bless: std::env::var("TESSERA_BLESS")
+                .is_ok_and(|v| !v.is_empty() && v != "0" && v != "false"),
             rewritten: Vec::new(),
             checked: 0,
         }

@@ -138,8 +138,8 @@ impl NodeStat for HostNodes {
     }
 }
 
-/// Device nodes described in memory, for tests: the paths given are what they
-/// were given as, every other path holds nothing.
+/// Device nodes described in memory, for tests: each path added holds what
+/// it was added as; every other path holds nothing.
 #[derive(Debug, Clone, Default)]
 pub struct FakeNodes {
     nodes: HashMap<PathBuf, NodeKind>,
@@ -325,27 +325,6 @@ pub fn find_nvml_library(root: &Path) -> Result<PathBuf, DriverError> {
 mod tests {
     use super::*;
 
-    /// Whether the test may make real device nodes: only root may. Otherwise,
-    /// by the project's rule, a run that must not skip (`CI`,
-    /// `TESSERA_REQUIRE_ALL`) fails, and any other run says why it skips.
-    fn root_for(test: &str) -> bool {
-        let euid = fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|status| {
-                let uids = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
-                uids.split_whitespace().nth(1)?.parse::<u32>().ok()
-            });
-        if euid == Some(0) {
-            return true;
-        }
-        if std::env::var_os("CI").is_some() || std::env::var_os("TESSERA_REQUIRE_ALL").is_some() {
-            panic!("missing prerequisite: root");
-        }
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "skipped: {test}: needs root");
-        false
-    }
-
     /// Makes a character device node with the `mknod` tool (root only).
     fn mknod(path: &Path, major: u32, minor: u32) {
         fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -398,9 +377,7 @@ mod tests {
     #[test]
     fn host_nodes_decode_majors_past_255() {
         // Only a node made here has such a major everywhere; making one needs root.
-        if !root_for("host_nodes_decode_majors_past_255") {
-            return;
-        }
+        tessera_test_support::require!(tessera_test_support::Need::DeviceNodes);
         let root = tempfile::tempdir().unwrap();
         mknod(&root.path().join("dev/nvidia-uvm-tools"), 505, 1);
         let node = char_device(root.path(), "dev/nvidia-uvm-tools")
@@ -517,11 +494,12 @@ mod tests {
         for f in driver_files(Path::new("/"), None) {
             assert_eq!(f.host_path, f.container_path);
         }
-        if let Some(node) = char_device(Path::new("/"), "dev/null").unwrap() {
-            assert_eq!(node.host_path, "/dev/null");
-            assert_eq!(node.container_path, "/dev/null");
-            assert_eq!((node.major, node.minor), (1, 3));
-        }
+        let node = char_device(Path::new("/"), "dev/null")
+            .unwrap()
+            .expect("/dev/null is a character device");
+        assert_eq!(node.host_path, "/dev/null");
+        assert_eq!(node.container_path, "/dev/null");
+        assert_eq!((node.major, node.minor), (1, 3));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tessera_model::cdi::ALLOC_KIND;
+use tessera_model::contract::cdi::ALLOC_KIND;
 
 fuzz_target!(|data: &[u8]| {
     match tessera_hook::specs::parse_spec(data) {

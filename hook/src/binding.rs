@@ -5,7 +5,7 @@
 //! ```text
 //! <state_dir>/alloc/                     0755 root (created if missing)
 //! <state_dir>/alloc/<id>/                0700 root
-//! <state_dir>/alloc/<id>/binding.json    0644 root, written atomically (temp + fsync + rename + directory fsync)
+//! <state_dir>/alloc/<id>/binding.json    0644 root, written atomically (temp + rename; not fsynced, see BINDING_DURABILITY)
 //! <state_dir>/alloc/<id>/accounting/     0755 root
 //! <state_dir>/alloc/<id>/accounting/vgpu.accounting   0666 root, empty (the vGPU library fills it)
 //! ```

@@ -5,7 +5,7 @@
 //! [`InRoot`] is the real writer: every path resolved in the container root
 //! fd ([`crate::rootfs`]), mounts attached by fd ([`crate::mounts`]), rules
 //! written to the open `devices.allow` ([`crate::cgroup`]). Tests swap in
-//! [`recorder::Recorder`], which records each call, can fail any of them,
+//! `recorder::Recorder` (test builds), which records each call, can fail any of them,
 //! and needs neither root nor a container; the order of the writes and the
 //! undoing of a failed run (`apply::write_container`) are tested against it.
 

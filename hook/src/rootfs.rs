@@ -59,20 +59,27 @@ fn is_missing(e: &io::Error) -> bool {
     e.raw_os_error() == Some(Errno::NOENT.raw_os_error())
 }
 
-/// `openat2` as an `io::Result`.
+/// How often a lookup is retried when the kernel saw a rename or mount
+/// race (`EAGAIN`); a container that keeps racing gets the error.
+const RACE_RETRIES: usize = 16;
+
+/// `openat2` as an `io::Result`, retried on `EAGAIN`: with `RESOLVE_IN_ROOT`
+/// or `RESOLVE_BENEATH` the kernel refuses a lookup through `..` while any
+/// rename or mount happens on the machine, and asks the caller to retry. On
+/// a busy node that is common and says nothing about the container.
 fn open2(
     dir: BorrowedFd<'_>,
     path: &str,
     flags: OFlags,
     resolve: ResolveFlags,
 ) -> io::Result<OwnedFd> {
-    Ok(rustix::fs::openat2(
-        dir,
-        path,
-        flags | OFlags::CLOEXEC,
-        Mode::empty(),
-        resolve,
-    )?)
+    let mut tries = 0;
+    loop {
+        match rustix::fs::openat2(dir, path, flags | OFlags::CLOEXEC, Mode::empty(), resolve) {
+            Err(Errno::AGAIN) if tries < RACE_RETRIES => tries += 1,
+            result => return Ok(result?),
+        }
+    }
 }
 
 /// Makes the directory `name` in `parent` (mode [`DIR_MODE`]) and records it;

@@ -10,15 +10,11 @@
 
 use std::fmt;
 
-use crate::cdi::ALLOC_KIND;
+use crate::contract::cdi::ALLOC_KIND;
 
 /// The longest id accepted, in bytes. A pod uid (36) plus `-` and an index fits
 /// with a wide margin; the bound keeps file names well under `NAME_MAX`.
 pub const MAX_LEN: usize = 100;
-
-pub use crate::contract::annotations::ALLOC_ID as ALLOC_ID_ANNOTATION;
-pub use crate::contract::cdi::STATIC_SPEC_FILE;
-pub use crate::contract::env::ALLOC_ID as ALLOC_ID_ENV;
 
 /// A validated allocation id.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

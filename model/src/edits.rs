@@ -23,7 +23,7 @@ pub struct HookSettings {
 impl HookSettings {
     /// The hook's argv for `verb`: `tessera-hook [--config FILE] <verb>`.
     pub fn args(&self, verb: &str) -> Vec<String> {
-        let mut args = vec![crate::cdi::transient::HOOK_BINARY_NAME.to_owned()];
+        let mut args = vec![crate::contract::hook::BINARY_NAME.to_owned()];
         if let Some(config) = &self.config {
             args.extend(["--config".to_owned(), config.clone()]);
         }
@@ -42,7 +42,7 @@ impl Default for HookSettings {
     }
 }
 
-pub use crate::contract::hook::{BINARY_PATH as DEFAULT_HOOK_PATH, PATH_ENV as HOOK_PATH_ENV};
+use crate::contract::hook::{BINARY_PATH as DEFAULT_HOOK_PATH, PATH_ENV as HOOK_PATH_ENV};
 
 /// Options of every driver file bind-mounted into a container: read-only, and
 /// no set-uid or device files through it.

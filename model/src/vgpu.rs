@@ -23,9 +23,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use crate::contract::vgpu::{
-    ACCOUNTING_DIR as DEFAULT_ACCOUNTING_DIR, ACCOUNTING_FILE as ACCOUNTING_FILE_NAME,
-    CONTAINER_CONFIG_PATH, MAX_DEVICES,
+use crate::contract::vgpu::{
+    ACCOUNTING_DIR as DEFAULT_ACCOUNTING_DIR, ACCOUNTING_FILE as ACCOUNTING_FILE_NAME, MAX_DEVICES,
 };
 
 /// The limits file version this library reads.
@@ -38,7 +37,7 @@ pub const MAX_MEMORY_SCALING: f64 = 64.0;
 pub const MIB: u64 = 1 << 20;
 
 /// The HAMi-core environment names, read only where the limits file is absent.
-pub use crate::contract::env::hami as env_names;
+use crate::contract::env::hami as env_names;
 
 /// How much the interception library logs (to stderr of the workload).
 ///

@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use tessera_model::cdi::{
-    ANNOTATION_PREFIX, ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Kind, Mount, NetDevice,
-    QualifiedName, Spec, annotation_key_shortened, minimum_version, name, parse_annotation_value,
+    ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Kind, Mount, NetDevice, QualifiedName,
+    Spec, annotation_key_shortened, minimum_version, name, parse_annotation_value,
     parse_annotations,
 };
+use tessera_model::contract::cdi::ANNOTATION_PREFIX;
 
 /// Strings that are sometimes valid names: the CDI punctuation plus a little noise.
 fn namey() -> impl Strategy<Value = String> {

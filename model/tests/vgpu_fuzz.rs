@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
+use tessera_model::contract::vgpu::MAX_DEVICES;
 use tessera_model::vgpu::{
-    CONFIG_VERSION, DeviceConfig, EnvLimits, LogLevel, MAX_DEVICES, VgpuConfig, parse_memory_size,
-    parse_percent,
+    CONFIG_VERSION, DeviceConfig, EnvLimits, LogLevel, VgpuConfig, parse_memory_size, parse_percent,
 };
 
 /// Text that is sometimes close to a limits file.

@@ -115,7 +115,13 @@ impl DeviceTimeline {
             path: path.to_path_buf(),
             reason,
         };
-        let file = File::open(path).map_err(io)?;
+        // Read-write, though the reader never stores: Rust's atomics want
+        // memory valid for writes, even for a load (the file is 0666).
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len != FILE_BYTES as u64 {
             return Err(corrupt(format!("{len} bytes, a timeline has {FILE_BYTES}")));
@@ -126,7 +132,7 @@ impl DeviceTimeline {
             libc::mmap(
                 std::ptr::null_mut(),
                 FILE_BYTES,
-                libc::PROT_READ,
+                libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
                 0,
@@ -171,8 +177,9 @@ impl DeviceTimeline {
 
     fn word(&self, offset: usize) -> u64 {
         debug_assert!(offset.is_multiple_of(8) && offset + 8 <= FILE_BYTES);
-        // SAFETY: the mapping is FILE_BYTES long, page-aligned and alive
-        // while self is; offset is 8-aligned and in bounds. Writers change
+        // SAFETY: the mapping is FILE_BYTES long, page-aligned, readable and
+        // writable, and alive while self is; offset is 8-aligned and in
+        // bounds; only loads are made through it. Writers change
         // the words only atomically, so an atomic load sees whole values.
         let word = unsafe { AtomicU64::from_ptr(self.map.add(offset).cast_mut().cast()) };
         u64::from_le(word.load(Ordering::Acquire))

@@ -12,9 +12,10 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use anyhow::{Context, Result, bail};
-use tessera_model::alloc::ALLOC_ID_ENV;
 use tessera_model::cdi::transient::{BIND_STAGE, BIND_VERB, UNBIND_STAGE};
-use tessera_model::cdi::{ALLOC_KIND, ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
+use tessera_model::cdi::{ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
+use tessera_model::contract::cdi::ALLOC_KIND;
+use tessera_model::contract::env::ALLOC_ID as ALLOC_ID_ENV;
 
 use tessera_test_support::node::{ExpectedNode, NodeView, SimNode};
 use tessera_test_support::oci::{Bundle, HookEntry};
@@ -436,23 +437,28 @@ pub fn c_helper(name: &str, source: &str, flags: &[&str]) -> Result<PathBuf> {
     Ok(out)
 }
 
-/// A statically linked program that reads its stdin to the end and does
-/// nothing else — or, given a path as its first argument, also appends a line
-/// to that file. The baseline hook: what a runtime does with a hostile rootfs
-/// when the hook does nothing. (It drains stdin because crun dies of SIGPIPE
-/// when a hook exits before the runtime has written the state.)
+/// A program that reads its stdin to the end and does nothing else — or,
+/// given a path as its first argument, also appends a line to that file.
+/// (It drains stdin because a runtime fails — crun with `writing to pipe:
+/// Broken pipe` — when a hook exits before the runtime has written the state.)
+const NOOP_C: &str = "#include <fcntl.h>\n#include <unistd.h>\n\
+     int main(int argc, char **argv) {\n\
+       char buf[4096];\n\
+       while (read(0, buf, sizeof buf) > 0) {}\n\
+       if (argc > 1) { int fd = open(argv[1], O_WRONLY | O_CREAT | O_APPEND, 0644);\n\
+         if (fd >= 0) { (void)write(fd, \"ran\\n\", 4); close(fd); } }\n\
+       return 0;\n}\n";
+
+/// [`NOOP_C`] statically linked: the baseline hook, what a runtime does with
+/// a hostile rootfs when the hook does nothing.
 pub fn static_noop() -> Result<PathBuf> {
-    c_helper(
-        "static-noop",
-        "#include <fcntl.h>\n#include <unistd.h>\n\
-         int main(int argc, char **argv) {\n\
-           char buf[4096];\n\
-           while (read(0, buf, sizeof buf) > 0) {}\n\
-           if (argc > 1) { int fd = open(argv[1], O_WRONLY | O_CREAT | O_APPEND, 0644);\n\
-             if (fd >= 0) { (void)write(fd, \"ran\\n\", 4); close(fd); } }\n\
-           return 0;\n}\n",
-        &["-static", "-O2"],
-    )
+    c_helper("static-noop", NOOP_C, &["-static", "-O2"])
+}
+
+/// [`NOOP_C`] dynamically linked (it has a program interpreter, so the
+/// loader honours `LD_PRELOAD`): the NVIDIAScape positive control.
+pub fn dynamic_noop() -> Result<PathBuf> {
+    c_helper("dynamic-noop", NOOP_C, &["-O2"])
 }
 
 /// The NVIDIAScape library: its constructor appends a line to the file named

@@ -293,17 +293,65 @@ impl Probe {
 }
 
 /// The hook's own error line in `text`, from `tessera-hook: ` on: the last
-/// such line that is not a log line (`tessera-hook: warning: …`). runc quotes
-/// the hook's stderr with newlines escaped as `\n`.
+/// such line that is not a log line (`tessera-hook: warning: …`). The line
+/// must be the hook's own stderr: `tessera-hook: ` opens the line (crun's
+/// hook-stderr file, or a later line of the hook's stderr in runc's quote) or
+/// follows runc's `stderr: ` wrapper (`… exit status 1, stdout: , stderr:
+/// tessera-hook: …`). A runtime's own error that merely names the binary
+/// (`fork/exec …/tessera-hook: no such file or directory`) is not the hook's.
+/// runc quotes the hook's stderr with newlines escaped as `\n`.
 pub fn hook_line(text: &str) -> Option<String> {
+    const PREFIX: &str = "tessera-hook: ";
+    const RUNC_STDERR: &str = "stderr: ";
     const LOG_LEVELS: [&str; 4] = ["error: ", "warning: ", "info: ", "debug: "];
     text.split('\n')
         .flat_map(|l| l.split("\\n"))
         .filter_map(|l| {
-            let line = &l[l.find("tessera-hook: ")?..];
+            let l = l.trim_start();
+            let line = if l.starts_with(PREFIX) {
+                l
+            } else {
+                let at = l.find(&format!("{RUNC_STDERR}{PREFIX}"))?;
+                &l[at + RUNC_STDERR.len()..]
+            };
             let line = line.split('"').next().unwrap_or(line);
-            let message = &line["tessera-hook: ".len()..];
+            let message = &line[PREFIX.len()..];
             (!LOG_LEVELS.iter().any(|level| message.starts_with(level))).then(|| line.to_owned())
         })
         .last()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hook_line;
+
+    #[test]
+    fn the_hooks_own_line_is_found_in_runcs_wrapper_and_crun_stderr() {
+        let runc = r#"time="x" level=error msg="runc create failed: unable to start container process: error during container init: error running hook #1: error running hook: exit status 1, stdout: , stderr: tessera-hook: warning: slow\ntessera-hook: rootfs /etc: is a symlink""#;
+        assert_eq!(
+            hook_line(runc).as_deref(),
+            Some("tessera-hook: rootfs /etc: is a symlink")
+        );
+        let runc_one = "error running hook: exit status 1, stdout: , stderr: tessera-hook: prestart /dev: refused";
+        assert_eq!(
+            hook_line(runc_one).as_deref(),
+            Some("tessera-hook: prestart /dev: refused")
+        );
+        let crun = "tessera-hook: info: start\ntessera-hook: createContainer /usr/local/tessera: refused\n";
+        assert_eq!(
+            hook_line(crun).as_deref(),
+            Some("tessera-hook: createContainer /usr/local/tessera: refused")
+        );
+    }
+
+    #[test]
+    fn a_runtimes_exec_error_naming_the_binary_is_not_a_refusal() {
+        for text in [
+            r#"level=error msg="error running hook #0: fork/exec /opt/tessera/bin/tessera-hook: no such file or directory, stdout: , stderr: ""#,
+            "crun: error executing hook `/opt/tessera/bin/tessera-hook` (exit code: 127)",
+            "exec /usr/bin/tessera-hook: permission denied",
+        ] {
+            assert_eq!(hook_line(text), None, "{text}");
+        }
+    }
 }

@@ -20,13 +20,19 @@
 //!
 //! The test of the tests: the same checks with a naive hook in the hook's
 //! place (one that follows the image's symlinks) must report it.
+//!
+//! The tests of this file run one at a time ([`serial`]): the race test's
+//! rename flood makes `openat2(RESOLVE_IN_ROOT)` fail with `EAGAIN` anywhere
+//! on the machine, which would make another case's hook refuse for that
+//! reason instead of the hostile path. Outside the race test such a refusal
+//! proves nothing.
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tessera_e2e::hookenv;
@@ -37,6 +43,18 @@ use tessera_test_support::oci::{Bundle, HookEntry, Runtime, run_bundle_as};
 use tessera_test_support::require;
 
 const STAGES: [&str; 2] = ["prestart", "createContainer"];
+
+/// What the hook's refusal says when `openat2(RESOLVE_IN_ROOT)` kept failing
+/// with `EAGAIN` (a rename raced the lookup), not the hostile path itself.
+const EAGAIN: &str = "Resource temporarily unavailable";
+
+/// Runs the tests of this file one at a time: each holds the guard for its
+/// whole run (a failed test's poisoning is ignored), so the race test's
+/// rename flood never overlaps another case.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// What the container looks for: any file under the paths the hook touches
 /// holding the sentinel's token.
@@ -375,6 +393,10 @@ fn check_case(
         (Some(trace), Some(_)) => Verdict::Broken(format!(
             "listed in RUNTIME_REFUSALS, yet {hook} ran ({trace}): the runtime changed, update the list"
         )),
+        (Some(Trace::Refused { line }), None) if line.contains(EAGAIN) => Verdict::Broken(format!(
+            "{hook} refused on EAGAIN (a concurrent rename), not for the hostile /{}: {line}",
+            case.link
+        )),
         (Some(Trace::Refused { line }), None) if !line.contains(&format!(" /{}", case.link)) => {
             Verdict::Broken(format!(
                 "{hook} refused for another reason than the hostile /{}: {line}",
@@ -522,12 +544,14 @@ fn assert_naive_hook_caught(results: &[CaseResult], shielded: &[&str]) {
 
 #[test]
 fn rootfs_symlinks_to_a_host_tree_change_nothing_on_the_host() {
+    let _serial = serial();
     let Some(fx) = fixture("hostile") else { return };
     assert_hook_holds(&fx, &SENTINEL_CASES);
 }
 
 #[test]
 fn naive_hook_is_caught_by_hostile_checks() {
+    let _serial = serial();
     let Some(fx) = fixture("hostile-naive") else {
         return;
     };
@@ -550,6 +574,7 @@ fn host_root_lock() -> fs::File {
 
 #[test]
 fn rootfs_symlinks_to_the_host_root_change_nothing_on_the_host() {
+    let _serial = serial();
     let Some(fx) = fixture("hostile-root") else {
         return;
     };
@@ -559,6 +584,7 @@ fn rootfs_symlinks_to_the_host_root_change_nothing_on_the_host() {
 
 #[test]
 fn naive_hook_is_caught_by_host_root_checks() {
+    let _serial = serial();
     let Some(fx) = fixture("hostile-root-naive") else {
         return;
     };
@@ -601,6 +627,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 
 #[test]
 fn a_symlink_flipped_while_the_hook_runs_changes_nothing_on_the_host() {
+    let _serial = serial();
     let Some(fx) = fixture("hostile-race") else {
         return;
     };
@@ -640,7 +667,7 @@ fn a_symlink_flipped_while_the_hook_runs_changes_nothing_on_the_host() {
                 let stop = Arc::new(AtomicBool::new(false));
                 let thread = flipper(benign.clone(), flip.clone(), stop.clone());
                 let deadline = Instant::now() + budget;
-                let (mut runs, mut started, mut hook_refused) = (0, 0, 0);
+                let (mut runs, mut started, mut hook_refused, mut hook_raced) = (0, 0, 0, 0);
                 let mut other = Vec::new();
                 while started < min_started && Instant::now() < deadline {
                     probe.next_run(&tag);
@@ -655,10 +682,17 @@ fn a_symlink_flipped_while_the_hook_runs_changes_nothing_on_the_host() {
                         (None, trace) => failures.push(format!(
                             "{what}: a container ran without the hook's binding ({trace:?})"
                         )),
+                        // The hook's lookup met the swapped-in symlink, or
+                        // kept losing the race (EAGAIN) and gave up: both
+                        // refusals of the hostile path.
                         (Some(_), Some(Trace::Refused { line }))
                             if line.contains(&format!(" /{link}")) =>
                         {
-                            hook_refused += 1;
+                            if line.contains(EAGAIN) {
+                                hook_raced += 1;
+                            } else {
+                                hook_refused += 1;
+                            }
                         }
                         (Some(e), trace) => other.push(format!(
                             "{} ({})",
@@ -686,18 +720,36 @@ fn a_symlink_flipped_while_the_hook_runs_changes_nothing_on_the_host() {
                         "{what}: host mounts under the sentinel: {mounts:?}"
                     ));
                 }
+                if flips == 0 {
+                    failures.push(format!(
+                        "{what}: the symlink was never swapped in: the race proves nothing"
+                    ));
+                }
+                if hook_refused == 0 {
+                    failures.push(format!(
+                        "{what}: in {runs} runs the hook never met the swapped-in symlink \
+                         ({hook_raced} EAGAIN refusals): the race proves nothing"
+                    ));
+                }
+                if !other.is_empty() {
+                    failures.push(format!(
+                        "{what}: {} runs ended neither bound nor refused by the hook for /{link}: {other:?}",
+                        other.len()
+                    ));
+                }
                 if started < min_started {
                     failures.push(format!(
                         "{what}: only {started} of {runs} runs started a container with the hook bound \
                          (need {min_started}, TESSERA_E2E_RACE_MIN_STARTED) within {budget:?}"
                     ));
                 }
+                let n_other = other.len();
                 other.sort();
                 other.dedup();
                 notes.push(format!(
                     "{what}: {runs} runs: {started} started with the hook bound, {hook_refused} refused by the hook \
-                     (symlink caught), {} other ({other:?}); {flips} flips",
-                    runs - started - hook_refused
+                     (symlink caught), {hook_raced} refused by the hook on EAGAIN, {n_other} other ({other:?}); \
+                     {flips} flips"
                 ));
             }
         }

@@ -10,8 +10,9 @@
 //!   as a registration that copies the container's environment would do.
 //!
 //! For each runtime and route a positive control — a dynamically linked no-op
-//! (`/bin/true`) in the hook's place, in the very same bundle — must load the
-//! library (its constructor writes a marker file on the host); a route whose
+//! that drains the OCI state from its stdin ([`hookenv::dynamic_noop`]), in
+//! the hook's place in the very same bundle — must load the library (its
+//! constructor writes a marker file on the host); a route whose
 //! control does not fire proves nothing and is not counted, and the test
 //! fails if no runtime counts. Then the hook, statically linked, in that
 //! configuration — doing its full work for an allocation, by legacy
@@ -21,18 +22,16 @@
 //! its place: the check must report it.
 
 use std::fs;
-use std::path::Path;
 
 use tessera_e2e::hookenv::{
-    self, ALLOC_ANNOTATION, ALLOC_ID, HOOK_ENV, HookFixture, evil_library, hook_binary,
+    self, ALLOC_ANNOTATION, ALLOC_ID, HOOK_ENV, HookFixture, dynamic_noop, evil_library,
+    hook_binary,
 };
 use tessera_e2e::hooktrace::{HookUnderTest, Probe, Trace};
-use tessera_model::alloc::ALLOC_ID_ENV;
+use tessera_model::contract::env::ALLOC_ID as ALLOC_ID_ENV;
 use tessera_test_support::elf::linking;
 use tessera_test_support::oci::{HookEntry, Runtime, run_bundle_as};
 use tessera_test_support::require;
-
-const DYNAMIC_NOOP: &str = "/bin/true";
 
 /// The image's preload: `/proc/self/cwd` is the rootfs for runc's
 /// `createContainer` hooks and the bundle for crun's, whose rootfs is
@@ -48,9 +47,11 @@ fn the_hook_binary_is_statically_linked() {
          (build it with scripts/build-hook.sh)",
         hook.display()
     );
+    let control = dynamic_noop().expect("dynamic no-op");
     assert!(
-        linking(Path::new(DYNAMIC_NOOP)).expect("ELF").interp,
-        "{DYNAMIC_NOOP} should be dynamically linked for the positive control"
+        linking(&control).expect("ELF").interp,
+        "{} should be dynamically linked for the positive control",
+        control.display()
     );
 }
 
@@ -121,8 +122,8 @@ fn run_scape(
     probe.annotate(&mut bundle);
     let mut entry = match what {
         InHookPlace::Control => HookEntry {
-            path: DYNAMIC_NOOP.into(),
-            args: vec!["true".into()],
+            path: dynamic_noop().expect("dynamic no-op"),
+            args: vec!["noop".into()],
             env: None,
         },
         InHookPlace::Hook(hook) => {

@@ -26,9 +26,11 @@ use std::fmt;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
+use tessera_model::contract::vgpu::{
+    ACCOUNTING_FILE as ACCOUNTING_FILE_NAME, CONTAINER_CONFIG_PATH,
+};
 use tessera_model::vgpu::{
-    ACCOUNTING_FILE_NAME, CONTAINER_CONFIG_PATH, EnvLimits, EnvLimitsError, LimitsSource,
-    ResolvedLimits, VgpuConfig, VgpuConfigError,
+    EnvLimits, EnvLimitsError, LimitsSource, ResolvedLimits, VgpuConfig, VgpuConfigError,
 };
 
 /// Names a limits file to read where the container file is absent (testing hook).

@@ -48,7 +48,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::log::{self, Level, Once};
-use crate::runtime::{MAX_DEVICES, Runtime};
+use crate::runtime::{MAX_ORDINALS, Runtime};
 
 /// Blocks a `cuGraphLaunch` costs.
 pub const GRAPH_LAUNCH_BLOCKS: u64 = 1024;
@@ -125,8 +125,8 @@ struct ControlState {
     last_tick: Instant,
 }
 
-static LIMITERS: [OnceLock<Option<Arc<DeviceLimiter>>>; MAX_DEVICES] =
-    [const { OnceLock::new() }; MAX_DEVICES];
+static LIMITERS: [OnceLock<Option<Arc<DeviceLimiter>>>; MAX_ORDINALS] =
+    [const { OnceLock::new() }; MAX_ORDINALS];
 
 /// Slow path of every launch: decides whether the limiter is on (first
 /// launch), and makes a launch on a limited device wait for its tokens.
@@ -147,7 +147,9 @@ pub fn admit(ordinal: Option<i32>, blocks: u64, host: &'static dyn Host) {
 }
 
 fn limiter_for(host: &dyn Host, ordinal: i32) -> Option<Arc<DeviceLimiter>> {
-    let index = usize::try_from(ordinal).ok().filter(|&i| i < MAX_DEVICES)?;
+    let index = usize::try_from(ordinal)
+        .ok()
+        .filter(|&i| i < MAX_ORDINALS)?;
     LIMITERS[index]
         .get_or_init(|| {
             let device = host.runtime().device(ordinal)?;

@@ -35,9 +35,13 @@ use std::sync::OnceLock;
 use crate::backend::{self, Limits, Region};
 use crate::log::{self, Level, Once};
 
-/// CUDA ordinals the library tracks: as many as a container's limits and
-/// its accounting region can name; a device past this is passed through.
-pub use tessera_model::contract::vgpu::MAX_DEVICES;
+/// CUDA ordinals the library tracks, a process's view: more than a
+/// container's limits can name (`contract::vgpu::MAX_DEVICES`), so that a
+/// process seeing more GPUs than its limits name (HAMi's env mode on a large
+/// node, a device-cgroup mistake) still gets no memory on the devices the
+/// limits leave out, instead of passing through unlimited. Past this, calls
+/// pass through.
+pub const MAX_ORDINALS: usize = 64;
 
 /// What the library knows of the driver beyond the intercepted calls;
 /// `ffi` provides the real one, tests a fake.
@@ -90,7 +94,7 @@ pub struct Runtime {
     mode: Mode,
     platform: &'static dyn Platform,
     accounting: OnceLock<Accounting>,
-    devices: [OnceLock<DeviceInfo>; MAX_DEVICES],
+    devices: [OnceLock<DeviceInfo>; MAX_ORDINALS],
 }
 
 static GLOBAL: OnceLock<Runtime> = OnceLock::new();
@@ -134,7 +138,7 @@ impl Runtime {
             mode,
             platform,
             accounting: OnceLock::new(),
-            devices: [const { OnceLock::new() }; MAX_DEVICES],
+            devices: [const { OnceLock::new() }; MAX_ORDINALS],
         }
     }
 
@@ -167,7 +171,9 @@ impl Runtime {
 
     /// The device at CUDA `ordinal` (cached after the first call).
     pub fn device(&self, ordinal: i32) -> Option<&DeviceInfo> {
-        let index = usize::try_from(ordinal).ok().filter(|&i| i < MAX_DEVICES)?;
+        let index = usize::try_from(ordinal)
+            .ok()
+            .filter(|&i| i < MAX_ORDINALS)?;
         Some(self.devices[index].get_or_init(|| {
             let uuid = self.platform.device_uuid(ordinal);
             let info = self.describe(ordinal, uuid);
@@ -431,7 +437,7 @@ pub(crate) mod tests {
         assert_eq!(dev.memory_limit, None);
         assert!(!rt.enforcing());
         assert_eq!(rt.device(-1), None);
-        assert_eq!(rt.device(MAX_DEVICES as i32), None);
+        assert_eq!(rt.device(MAX_ORDINALS as i32), None);
     }
 
     #[test]

@@ -37,12 +37,12 @@ const CHURN: usize = 100_000;
 // Child side
 // ---------------------------------------------------------------------------
 
-/// The body of the child processes; a no-op unless started by a test below.
+/// The body of the child processes, run only by the tests below (each in a
+/// process of its own, with `--ignored`).
 #[test]
+#[ignore = "run as a child process by the tests of this file"]
 fn child_process_role() {
-    let Ok(role) = std::env::var(ROLE) else {
-        return;
-    };
+    let role = std::env::var(ROLE).expect("started by a test of this file, with a role");
     let path = PathBuf::from(std::env::var(REGION).expect("region path"));
     let amount: u64 = std::env::var(AMOUNT)
         .ok()
@@ -157,6 +157,7 @@ impl ChildProc {
     fn spawn_by(mut cmd: Command, role: &str, region: &Path, amount: u64) -> ChildProc {
         let mut child = cmd
             .args([
+                "--ignored",
                 "--exact",
                 "child_process_role",
                 "--nocapture",

@@ -15,10 +15,10 @@
 
 use std::fmt::Write as _;
 
-use super::ALLOC_KIND;
 use super::name::{NameError, QualifiedName};
+use crate::contract::cdi::ALLOC_KIND;
 
-pub use crate::contract::cdi::{
+use crate::contract::cdi::{
     ANNOTATION_PLUGIN as TESSERA_PLUGIN, ANNOTATION_PREFIX, MAX_ANNOTATION_NAME_LEN,
 };
 

@@ -22,8 +22,8 @@ pub mod validate;
 pub mod version;
 
 pub use annotations::{
-    ANNOTATION_PREFIX, AnnotationError, CdiAnnotations, annotation_key, annotation_key_shortened,
-    annotation_value, parse_annotation_value, parse_annotations, tessera_annotation,
+    AnnotationError, CdiAnnotations, annotation_key, annotation_key_shortened, annotation_value,
+    parse_annotation_value, parse_annotations, tessera_annotation,
 };
 pub use merge::DeviceCgroupRule;
 pub use name::{Class, DeviceName, Kind, NameError, QualifiedName, Vendor};
@@ -33,11 +33,10 @@ pub use spec::{
 };
 pub use version::{CdiVersion, VersionError, minimum_version};
 
-pub use crate::contract::cdi::{ALLOC_KIND, GPU_KIND, VENDOR};
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::cdi::{ALLOC_KIND, GPU_KIND, VENDOR};
 
     #[test]
     fn contract_kinds_are_valid_and_share_the_vendor() {

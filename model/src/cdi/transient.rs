@@ -17,14 +17,14 @@
 //! one inherits the runtime's environment on some runtimes, which is how
 //! NVIDIAScape reached a dynamically linked hook.
 
-use super::ALLOC_KIND;
 use super::spec::SpecProblem;
 use super::spec::{ContainerEdits, Hook, Spec};
 use super::validate::Problems;
-use crate::alloc::{ALLOC_ID_ENV, AllocId};
+use crate::alloc::AllocId;
+use crate::contract::cdi::ALLOC_KIND;
+use crate::contract::env::ALLOC_ID as ALLOC_ID_ENV;
 
-/// The hook binary's file name, whatever directory a spec names.
-pub use crate::contract::hook::BINARY_NAME as HOOK_BINARY_NAME;
+use crate::contract::hook::BINARY_NAME as HOOK_BINARY_NAME;
 /// The stage at which the hook binds a container to its allocation.
 pub const BIND_STAGE: &str = "createContainer";
 /// The hook verb that binds.

@@ -175,7 +175,7 @@ pub fn load() -> Result<Config, String> {
         noise_pct: env_u64(NOISE_PCT_ENV).unwrap_or(0).min(100),
         noise_seed: env_u64(NOISE_SEED_ENV).unwrap_or(1),
     };
-    let util_bias_pct = env_i64(UTIL_BIAS_PCT_ENV).unwrap_or(0).max(-100);
+    let util_bias_pct = env_i64(UTIL_BIAS_PCT_ENV).unwrap_or(0).clamp(-100, 1000);
     let context_bytes = env_u64(CONTEXT_MIB_ENV).map_or(0, |mib| mib.saturating_mul(MIB));
     let publish_on_memory = env_u64(PUBLISH_ON_MEMORY_ENV) == Some(1);
     let driver_version = state

@@ -46,8 +46,11 @@
 //!
 //! A process takes a free slot at its first launch on the device and keeps
 //! it after it exits (so its record can be read afterwards); when all are
-//! taken it reclaims one of a process that no longer exists, or else keeps
-//! its record to itself (its work still counts in the device's total).
+//! taken it keeps its record to itself (its work still serializes on the
+//! device clock and counts in the device's total). Slots are never
+//! reclaimed: they hold host pids, and whether a host pid is gone cannot be
+//! told from inside a container's pid namespace — taking a live process's
+//! slot would merge two records.
 //! A child of `fork` inherits its parent's slot (CUDA does not work in such
 //! a child, so nothing is lost).
 //!
@@ -393,8 +396,8 @@ pub fn file_name(gpu: u32, mig: Option<(u32, u32)>) -> String {
     }
 }
 
-/// A free slot for `pid`, or one of a process that is gone, or (all taken
-/// by live processes) one of this process's own.
+/// A free slot for `pid`, or (all taken) one of this process's own that no
+/// reader sees.
 fn claim(shared: &'static Shared, pid: u32) -> &'static Slot {
     let pid = u64::from(pid);
     for slot in &shared.slot {
@@ -406,34 +409,7 @@ fn claim(shared: &'static Shared, pid: u32) -> &'static Slot {
             return slot;
         }
     }
-    for slot in &shared.slot {
-        let old = slot.pid.load(Ordering::Acquire);
-        if old != pid
-            && !alive(old)
-            && slot
-                .pid
-                .compare_exchange(old, pid, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            // A reader in between sees the old record under the new pid
-            // for a moment; nothing but a record is at stake.
-            slot.last_end.store(0, Ordering::Release);
-            slot.enqueued.store(0, Ordering::Release);
-            slot.launches.store(0, Ordering::Release);
-            return slot;
-        }
-    }
     Box::leak(Box::new(Slot::new()))
-}
-
-/// Whether a process with this pid exists (as far as this process can tell).
-fn alive(pid: u64) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: signal 0 only checks that the process exists.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Opens (creating it and its directory if need be) and maps the file at
@@ -483,17 +459,36 @@ fn map_shared(path: &Path) -> io::Result<&'static Shared> {
     // repr(C), FILE_BYTES in size, made of atomics only (valid for any bit
     // pattern, zero included), and every process accesses it atomically.
     let shared: &'static Shared = unsafe { &*map.cast::<Shared>() };
-    // Version and slot count first (the same values from every process),
-    // the magic last: a reader ignores the file until it is stamped.
-    shared.version.store(VERSION, Ordering::Release);
-    shared.slots.store(SLOTS as u32, Ordering::Release);
-    match shared
-        .magic
-        .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire)
-    {
-        Ok(_) => Ok(shared),
-        Err(MAGIC) if shared.version.load(Ordering::Acquire) == VERSION => Ok(shared),
-        Err(other) => Err(io::Error::other(format!(
+    // Only a blank file is stamped: version and slot count first (the same
+    // values from every process), the magic last, so a reader ignores the
+    // file until it is whole. A file stamped by anyone else is only read.
+    let stamped_ours = |shared: &'static Shared| -> io::Result<&'static Shared> {
+        let version = shared.version.load(Ordering::Acquire);
+        if version == VERSION {
+            Ok(shared)
+        } else {
+            Err(io::Error::other(format!(
+                "timeline version {version}, this library writes {VERSION}"
+            )))
+        }
+    };
+    match shared.magic.load(Ordering::Acquire) {
+        MAGIC => stamped_ours(shared),
+        0 => {
+            shared.version.store(VERSION, Ordering::Release);
+            shared.slots.store(SLOTS as u32, Ordering::Release);
+            match shared
+                .magic
+                .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => Ok(shared),
+                Err(MAGIC) => stamped_ours(shared),
+                Err(other) => Err(io::Error::other(format!(
+                    "magic {other:#018x} is not a Tessera timeline's"
+                ))),
+            }
+        }
+        other => Err(io::Error::other(format!(
             "magic {other:#018x} is not a Tessera timeline's"
         ))),
     }
@@ -645,7 +640,22 @@ mod tests {
         let path = dir.path().join("gpu0");
         std::fs::write(&path, b"not a timeline").expect("write");
         assert!(map_shared(&path).is_err());
-        std::fs::write(&path, vec![0xffu8; FILE_BYTES]).expect("write");
+        let foreign = vec![0xffu8; FILE_BYTES];
+        std::fs::write(&path, &foreign).expect("write");
         assert!(map_shared(&path).is_err());
+        assert!(
+            std::fs::read(&path).expect("read") == foreign,
+            "a refused file is left as it was"
+        );
+        // Our magic, another version: refused, and not rewritten.
+        let mut other_version = vec![0u8; FILE_BYTES];
+        other_version[..8].copy_from_slice(&MAGIC.to_ne_bytes());
+        other_version[8..12].copy_from_slice(&(VERSION + 1).to_ne_bytes());
+        std::fs::write(&path, &other_version).expect("write");
+        assert!(map_shared(&path).is_err());
+        assert!(
+            std::fs::read(&path).expect("read") == other_version,
+            "a timeline of another version is left as it was"
+        );
     }
 }

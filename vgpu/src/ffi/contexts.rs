@@ -35,8 +35,8 @@ static NVML_HANDLE_BY_UUID: Internal<FnNvmlGetHandleByUuid> =
 static NVML_INIT: Internal<FnNvmlInit> = Internal::own_nvml(c"nvmlInit_v2");
 
 /// Primary contexts as the library saw them retained, per CUDA ordinal.
-static PRIMARY: [AtomicU64; runtime::MAX_DEVICES] =
-    [const { AtomicU64::new(0) }; runtime::MAX_DEVICES];
+static PRIMARY: [AtomicU64; runtime::MAX_ORDINALS] =
+    [const { AtomicU64::new(0) }; runtime::MAX_ORDINALS];
 
 /// NVML's processes on the device with `uuid`: `(pid, used bytes)`.
 fn nvml_processes(uuid: &str) -> Option<Vec<(u32, u64)>> {

@@ -55,7 +55,7 @@ pub fn artefacts() -> Option<Artefacts> {
     };
     let mut needs = vec![
         Need::absent(
-            tessera_model::vgpu::CONTAINER_CONFIG_PATH,
+            tessera_model::contract::vgpu::CONTAINER_CONFIG_PATH,
             "it would override every test's limits",
         ),
         Need::Built("libtessera_vgpu.so"),
@@ -129,7 +129,7 @@ impl Node {
                 .expect("chmod accounting dir");
         }
         tessera_vgpu::accounting::create_file(
-            &accounting.join(tessera_model::vgpu::ACCOUNTING_FILE_NAME),
+            &accounting.join(tessera_model::contract::vgpu::ACCOUNTING_FILE),
         )
         .expect("region file");
         let mut node = Node {
@@ -203,7 +203,7 @@ impl Node {
                 .expect("chmod accounting dir");
         }
         tessera_vgpu::accounting::create_file(
-            &accounting.join(tessera_model::vgpu::ACCOUNTING_FILE_NAME),
+            &accounting.join(tessera_model::contract::vgpu::ACCOUNTING_FILE),
         )
         .expect("region file");
         let devices: Vec<String> = devices

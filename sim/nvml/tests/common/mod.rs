@@ -99,6 +99,7 @@ impl SimNode {
     pub fn run_child(&self, role: &str, envs: &[(&str, &str)]) -> Output {
         let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
         cmd.args([
+            "--ignored",
             "--exact",
             "child_process_role",
             "--nocapture",
