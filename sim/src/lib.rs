@@ -26,6 +26,7 @@ pub mod libroot;
 pub mod mig;
 pub mod profile;
 pub mod report;
+pub mod shm;
 pub mod state;
 pub mod timeline;
 

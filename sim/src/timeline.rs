@@ -21,13 +21,12 @@
 //! most the device's backlog at `t` (a few ms).
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::SimError;
+use crate::shm::SharedMap;
 
 /// Directory of the timelines, relative to the node root.
 pub const DIR: &str = "run/tessera-sim/timeline";
@@ -95,12 +94,11 @@ pub fn busy_fraction(before: &Snapshot, after: &Snapshot, pids: Option<&[u32]>) 
     busy as f64 / elapsed as f64
 }
 
-/// An open timeline file, mapped read-only.
+/// An open timeline file, mapped (only ever read).
 #[derive(Debug)]
 pub struct DeviceTimeline {
-    map: *const u8,
+    map: SharedMap,
     path: PathBuf,
-    _file: File,
 }
 
 impl DeviceTimeline {
@@ -126,25 +124,9 @@ impl DeviceTimeline {
         if len != FILE_BYTES as u64 {
             return Err(corrupt(format!("{len} bytes, a timeline has {FILE_BYTES}")));
         }
-        // SAFETY: a shared read-only mapping of FILE_BYTES of a file of
-        // that size, kept open while mapped; unmapped in Drop.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                FILE_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(io(std::io::Error::last_os_error()));
-        }
         let timeline = DeviceTimeline {
-            map: map.cast(),
+            map: SharedMap::new(file, FILE_BYTES).map_err(io)?,
             path: path.to_path_buf(),
-            _file: file,
         };
         let magic = timeline.word(0).to_le_bytes();
         let version = (timeline.word(8) & 0xffff_ffff) as u32;
@@ -181,7 +163,7 @@ impl DeviceTimeline {
         // writable, and alive while self is; offset is 8-aligned and in
         // bounds; only loads are made through it. Writers change
         // the words only atomically, so an atomic load sees whole values.
-        let word = unsafe { AtomicU64::from_ptr(self.map.add(offset).cast_mut().cast()) };
+        let word = unsafe { AtomicU64::from_ptr(self.map.as_ptr().add(offset).cast()) };
         u64::from_le(word.load(Ordering::Acquire))
     }
 
@@ -261,14 +243,6 @@ pub fn report(path: &Path, after: Duration, window: Option<Duration>) -> Result<
         ));
     }
     Ok(out)
-}
-
-impl Drop for DeviceTimeline {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in open, which no
-        // reference outlives (reads copy the words out).
-        unsafe { libc::munmap(self.map.cast_mut().cast(), FILE_BYTES) };
-    }
 }
 
 #[cfg(test)]

@@ -67,7 +67,6 @@
 use std::fs::OpenOptions;
 use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -76,6 +75,7 @@ use std::time::Duration;
 use crate::clock;
 use crate::config::{Config, DeviceSpec};
 use crate::publish;
+use tessera_sim::shm::SharedMap;
 
 /// Most queued work a launch leaves behind before it blocks its caller.
 pub const QUEUE_DEPTH_NS: u64 = 5_000_000;
@@ -439,23 +439,10 @@ fn map_shared(path: &Path) -> io::Result<&'static Shared> {
             "{len} bytes, not a timeline of {FILE_BYTES}"
         )));
     }
-    // SAFETY: a shared read-write mapping of FILE_BYTES of a file of that
-    // size; the mapping is never unmapped (the driver lives as long as the
-    // process), so the reference below is valid for 'static.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            FILE_BYTES,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if map == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the mapping is FILE_BYTES long and page-aligned; Shared is
+    // Kept for the life of the process: the driver lives as long.
+    let map = SharedMap::new(file, FILE_BYTES)?.leak();
+    // SAFETY: the mapping is FILE_BYTES long, page-aligned and never
+    // unmapped, so the reference is valid for 'static; Shared is
     // repr(C), FILE_BYTES in size, made of atomics only (valid for any bit
     // pattern, zero included), and every process accesses it atomically.
     let shared: &'static Shared = unsafe { &*map.cast::<Shared>() };

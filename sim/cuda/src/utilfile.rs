@@ -42,14 +42,14 @@
 //! side skips dead pids); each process removes the files of dead processes
 //! when it starts publishing.
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use tessera_model::proc;
+use tessera_sim::shm::SharedMap;
 
 /// `"TCUTIL01"` as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TCUTIL01");
@@ -108,18 +108,13 @@ pub fn parse_file_name(name: &str) -> Option<(u32, u32)> {
 /// An open, mapped utilization file.
 #[derive(Debug)]
 pub struct UtilFile {
-    map: *mut u8,
+    map: SharedMap,
     seq: u64,
     /// When the newest slot was started.
     slot_started_ns: u64,
     /// Every sample in a slot of its own (never over the newest).
     every_sample: bool,
-    _file: File,
 }
-
-// SAFETY: the mapping is owned by this value alone and only written through
-// atomic accesses; moving it to another thread moves that ownership.
-unsafe impl Send for UtilFile {}
 
 impl UtilFile {
     /// Creates (or truncates) the file at `path` and writes its header.
@@ -132,27 +127,11 @@ impl UtilFile {
             .mode(0o644)
             .open(path)?;
         file.set_len(FILE_BYTES as u64)?;
-        // SAFETY: a shared read-write mapping of a file we just sized to
-        // FILE_BYTES and keep open for the mapping's life; unmapped in Drop.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                FILE_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         let util = UtilFile {
-            map: map.cast(),
+            map: SharedMap::new(file, FILE_BYTES)?,
             seq: 0,
             slot_started_ns: 0,
             every_sample: false,
-            _file: file,
         };
         util.store32(8, VERSION);
         util.store32(12, gpu);
@@ -173,7 +152,7 @@ impl UtilFile {
         // constants or slot offsets below FILE_BYTES). Other processes only
         // read the file, and this process writes it only through these
         // atomics.
-        unsafe { AtomicU64::from_ptr(self.map.add(offset).cast()) }
+        unsafe { AtomicU64::from_ptr(self.map.as_ptr().add(offset).cast()) }
     }
 
     fn store64(&self, offset: usize, value: u64) {
@@ -183,7 +162,7 @@ impl UtilFile {
     fn store32(&self, offset: usize, value: u32) {
         debug_assert!(offset.is_multiple_of(4) && offset + 4 <= HEADER_BYTES);
         // SAFETY: as in word64, for a 4-aligned header word.
-        let word = unsafe { AtomicU32::from_ptr(self.map.add(offset).cast()) };
+        let word = unsafe { AtomicU32::from_ptr(self.map.as_ptr().add(offset).cast()) };
         word.store(value, Ordering::Release);
     }
 
@@ -222,14 +201,6 @@ impl UtilFile {
         self.store64(at + 24, sample.busy_ns);
         self.store64(at + 32, sample.mem_bytes);
         self.store64(at + 40, check(seq, &sample));
-    }
-}
-
-impl Drop for UtilFile {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in create, which no
-        // reference outlives (they borrow self).
-        unsafe { libc::munmap(self.map.cast(), FILE_BYTES) };
     }
 }
 
