@@ -67,6 +67,20 @@ pub fn artefacts() -> Option<Artefacts> {
     Some(a)
 }
 
+/// Makes `dir` as the node side makes a container's accounting directory:
+/// only its owner may write it, and it holds an empty region file every
+/// user may open.
+pub fn make_accounting_dir(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).expect("accounting dir");
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+        .expect("chmod accounting dir");
+    tessera_vgpu::accounting::create_file(
+        &dir.join(tessera_model::contract::vgpu::ACCOUNTING_FILE),
+    )
+    .expect("region file");
+}
+
 /// One device's limits in a limits file.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Limit {
@@ -119,19 +133,8 @@ impl Node {
             .unwrap_or_else(|skip| panic!("call artefacts() first: {}", skip.reason));
         let work = sim.dir().to_path_buf();
         let root = sim.root().to_path_buf();
-        // As the node side makes it: a directory only its owner may write,
-        // holding an empty region file every user may open.
         let accounting = work.join("accounting");
-        std::fs::create_dir_all(&accounting).expect("accounting dir");
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&accounting, std::fs::Permissions::from_mode(0o755))
-                .expect("chmod accounting dir");
-        }
-        tessera_vgpu::accounting::create_file(
-            &accounting.join(tessera_model::contract::vgpu::ACCOUNTING_FILE),
-        )
-        .expect("region file");
+        make_accounting_dir(&accounting);
         let mut node = Node {
             libdir: sim.lib_dir(),
             mig_uuids: sim.mig_uuids(),
@@ -196,16 +199,7 @@ impl Node {
     /// other containers' but the device. Returns the file's path.
     pub fn container(&self, name: &str, devices: &[Limit]) -> PathBuf {
         let accounting = self.work.join(format!("{name}-accounting"));
-        std::fs::create_dir_all(&accounting).expect("accounting dir");
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&accounting, std::fs::Permissions::from_mode(0o755))
-                .expect("chmod accounting dir");
-        }
-        tessera_vgpu::accounting::create_file(
-            &accounting.join(tessera_model::contract::vgpu::ACCOUNTING_FILE),
-        )
-        .expect("region file");
+        make_accounting_dir(&accounting);
         let devices: Vec<String> = devices
             .iter()
             .map(|l| {
