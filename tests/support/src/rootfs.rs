@@ -52,13 +52,29 @@ pub fn scratch_dir(tag: &str) -> Result<tempfile::TempDir> {
         .tempdir_in(SCRATCH_BASE)?)
 }
 
-/// The mount points of this process's mount namespace (the host's).
+/// The mount points of this process's mount namespace (the host's), less
+/// runc's own transient ones (see [`is_runc_sealed_binary`]): those come and
+/// go with any container another test is creating at the same moment.
 pub fn host_mount_points() -> Result<std::collections::BTreeSet<String>> {
     let text = fs::read_to_string("/proc/self/mountinfo")?;
     Ok(text
         .lines()
         .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+        .filter(|m| !is_runc_sealed_binary(m))
         .collect())
+}
+
+/// Whether a mount point is runc's read-only copy of its own binary,
+/// `<runc root>/<container id>/runc.XXXXXX`: runc (the CVE-2019-5736 fix)
+/// mounts it while `runc init` starts a container and removes it right after,
+/// so a host mount table read at that moment shows it. Our hook never mounts
+/// in a runtime's state directory.
+pub fn is_runc_sealed_binary(mount_point: &str) -> bool {
+    let mut parts = mount_point.rsplit('/');
+    let (Some(name), Some(_id), Some(root)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    name.starts_with("runc.") && root == "runc"
 }
 
 /// Host mount points at or under `dir`: a hook that mounted through a rootfs
@@ -128,5 +144,29 @@ impl RootBesideHost {
 impl Default for RootBesideHost {
     fn default() -> RootBesideHost {
         RootBesideHost::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_runc_sealed_binary;
+
+    #[test]
+    fn only_runcs_copy_of_itself_in_its_state_directory_is_left_out() {
+        // The mount point a CI run saw while another test created a container.
+        assert!(is_runc_sealed_binary(
+            "/run/runc/tessera-e2e-pidns-12639-16/runc.scV4wS"
+        ));
+        assert!(is_runc_sealed_binary("/tmp/state/runc/c1/runc.abc"));
+        for kept in [
+            "/run/runc/c1",
+            "/run/runc/c1/rootfs/dev/nvidia0",
+            "/run/crun/c1/runc.abc",
+            "/var/lib/x/rootfs/runc.abc",
+            "runc.abc",
+            "/",
+        ] {
+            assert!(!is_runc_sealed_binary(kept), "{kept}");
+        }
     }
 }
