@@ -17,8 +17,18 @@ use tessera_sim::state::StateStore;
     about = "Build and inspect simulated GPU nodes"
 )]
 struct Cli {
+    /// Log format on stderr (the cluster stand-ins log with `tracing`;
+    /// filter with TESSERA_LOG, default `info`).
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -69,6 +79,16 @@ enum Command {
         #[arg(long)]
         window: Option<f64>,
     },
+    /// Stand-in kube-apiserver: serve the Kubernetes REST API over HTTP.
+    Apiserver(tessera_kube_apiserver::Args),
+    /// Stand-in kube-scheduler: schedule pending pods, calling the
+    /// extenders of a KubeSchedulerConfiguration.
+    Scheduler(tessera_kube_scheduler::Args),
+    /// Stand-in kubelet for one simulated node: device plugins, PodResources,
+    /// pods through CRI or podman.
+    Kubelet(tessera_kube_kubelet::Args),
+    /// A whole simulated cluster: nodes, API server, scheduler, kubelets.
+    Cluster(tessera_kube_cluster::Args),
 }
 
 fn parse_mig(text: &str) -> Result<(u32, u32), String> {
@@ -107,7 +127,42 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let service = |name: &str, outcome: anyhow::Result<()>| match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tessera-sim {name}: {e:#}");
+            ExitCode::FAILURE
+        }
+    };
     let result = match cli.command {
+        Command::Apiserver(args) => {
+            init_tracing(cli.log_format);
+            return service(
+                "apiserver",
+                tessera_kube_apiserver::run(args).map_err(Into::into),
+            );
+        }
+        Command::Scheduler(args) => {
+            init_tracing(cli.log_format);
+            return service(
+                "scheduler",
+                tessera_kube_scheduler::run(args).map_err(Into::into),
+            );
+        }
+        Command::Kubelet(args) => {
+            init_tracing(cli.log_format);
+            return service(
+                "kubelet",
+                tessera_kube_kubelet::run(args).map_err(Into::into),
+            );
+        }
+        Command::Cluster(args) => {
+            init_tracing(cli.log_format);
+            return service(
+                "cluster",
+                tessera_kube_cluster::run(args).map_err(Into::into),
+            );
+        }
         Command::Create {
             profile,
             root,
@@ -139,6 +194,18 @@ fn main() -> ExitCode {
             eprintln!("tessera-sim: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env(tessera_model::contract::env::LOG)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
     }
 }
 

@@ -35,12 +35,9 @@ use crate::prereq::Need;
 use crate::rootfs::{SCRATCH_BASE, busybox_rootfs, mounts_under, scratch_dir};
 use crate::run;
 
-/// The CRI API subset the tests use (`tests/support/proto/cri-api-v1-subset.proto`,
-/// package `runtime.v1`), compiled by `build.rs`.
-#[allow(clippy::all, clippy::pedantic, missing_docs)]
-pub mod cri {
-    tonic::include_proto!("runtime.v1");
-}
+/// The CRI API subset (package `runtime.v1`), the one the kubelet stand-in
+/// speaks too (`sim/kube/proto/proto/cri-api-v1-subset.proto`).
+pub use tessera_kube_proto::cri;
 
 use cri::runtime_service_client::RuntimeServiceClient;
 

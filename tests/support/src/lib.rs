@@ -18,6 +18,8 @@ pub mod rootfs;
 
 #[cfg(feature = "containerd")]
 pub mod containerd;
+#[cfg(feature = "kube")]
+pub mod kube;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
