@@ -62,18 +62,15 @@ tessera_debian_mirror() {
         awk '{ print $2; exit }'
 }
 
-tessera_install_containerd() {
-    local bin="$TESSERA_CONTAINERD_DIR/usr/bin/containerd"
-    local version
-    version=$("$bin" --version 2>/dev/null || true)
-    case "$version" in
-    *" 1.7."* | *" v1.7."*) return 0 ;;
-    esac
+# Adds Debian's trixie suite as an apt source pinned to priority 100 (never
+# chosen by a plain `apt-get install`; only `apt-get download pkg/trixie`
+# takes from it), from the mirror the machine already uses for bookworm, and
+# refreshes the package lists. Shared by the installers below; idempotent.
+tessera_add_trixie_source() {
     export DEBIAN_FRONTEND=noninteractive
     local sources=/etc/apt/sources.list.d/tessera-trixie.sources
     local pin=/etc/apt/preferences.d/tessera-trixie
     if [ ! -f "$sources" ]; then
-        # The same mirror the machine already uses for bookworm, with the trixie suite.
         local uri
         uri=$(tessera_debian_mirror)
         if [ -z "$uri" ]; then
@@ -81,8 +78,8 @@ tessera_install_containerd() {
             return 1
         fi
         cat >"$sources" <<SOURCES
-# Added by Tessera's scripts/lib.sh (tessera_install_containerd): containerd 1.7
-# for the CRI end-to-end tests. Pinned low in preferences.d/tessera-trixie.
+# Added by Tessera's scripts/lib.sh (tessera_add_trixie_source): containerd 1.7
+# and kubectl 1.32 for the end-to-end tests. Pinned low in preferences.d/tessera-trixie.
 Types: deb
 URIs: $uri
 Suites: trixie
@@ -98,16 +95,63 @@ Pin: release n=trixie
 Pin-Priority: 100
 PIN
     fi
-    apt-get update -q
+    # Once per shell: both installers call this on a fresh machine.
+    if [ -z "${tessera_trixie_updated:-}" ]; then
+        apt-get update -q
+        tessera_trixie_updated=1
+    fi
+}
+
+# Downloads trixie's .deb of package $1 and unpacks it into directory $2
+# (replaced atomically: unpacked beside it, then renamed), then runs the
+# check command given after them from the unpacked tree ($2.tmp as prefix).
+tessera_unpack_trixie_deb() {
+    local package=$1 dir=$2
+    shift 2
     local work
     work=$(mktemp -d)
     chown _apt "$work" 2>/dev/null || true # apt-get download fetches as _apt
-    (cd "$work" && apt-get download -q containerd/trixie)
-    rm -rf "$TESSERA_CONTAINERD_DIR.tmp"
-    mkdir -p "$TESSERA_CONTAINERD_DIR.tmp"
-    dpkg-deb -x "$work"/containerd_*.deb "$TESSERA_CONTAINERD_DIR.tmp"
+    if ! (cd "$work" && apt-get download -q "$package/trixie"); then
+        rm -rf "$work"
+        return 1
+    fi
+    rm -rf "$dir.tmp"
+    mkdir -p "$dir.tmp"
+    if ! dpkg-deb -x "$work/${package}"_*.deb "$dir.tmp"; then
+        rm -rf "$work"
+        return 1
+    fi
     rm -rf "$work"
-    "$TESSERA_CONTAINERD_DIR.tmp/usr/bin/containerd" --version
-    rm -rf "$TESSERA_CONTAINERD_DIR"
-    mv "$TESSERA_CONTAINERD_DIR.tmp" "$TESSERA_CONTAINERD_DIR"
+    "$dir.tmp/$1" "${@:2}" || return 1
+    rm -rf "$dir"
+    mv "$dir.tmp" "$dir"
+}
+
+tessera_install_containerd() {
+    local bin="$TESSERA_CONTAINERD_DIR/usr/bin/containerd"
+    local version
+    version=$("$bin" --version 2>/dev/null || true)
+    case "$version" in
+    *" 1.7."* | *" v1.7."*) return 0 ;;
+    esac
+    tessera_add_trixie_source
+    tessera_unpack_trixie_deb containerd "$TESSERA_CONTAINERD_DIR" usr/bin/containerd --version
+}
+
+# kubectl 1.32 (Debian trixie's kubectl package; kubernetes-client, the name
+# bookworm's 1.20 had, is a transitional package depending on it there) for the cluster
+# tests, unpacked under /opt/tessera-e2e/kubernetes-client (usr/bin/kubectl,
+# the path tessera_test_support::kube::DEFAULT_KUBECTL names); bookworm ships
+# no kubectl. Never installed over a kubectl on PATH. Idempotent: nothing is
+# done when a 1.32 client is already there.
+TESSERA_KUBECTL_DIR=/opt/tessera-e2e/kubernetes-client
+
+tessera_install_kubectl() {
+    local version
+    version=$("$TESSERA_KUBECTL_DIR/usr/bin/kubectl" version --client 2>/dev/null || true)
+    case "$version" in
+    *"Client Version: v1.32."*) return 0 ;;
+    esac
+    tessera_add_trixie_source
+    tessera_unpack_trixie_deb kubectl "$TESSERA_KUBECTL_DIR" usr/bin/kubectl version --client
 }

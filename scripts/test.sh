@@ -14,6 +14,7 @@ fi
 
 tessera_install_packages
 tessera_install_containerd
+tessera_install_kubectl
 tessera_install_rust
 tessera_fix_hybrid_cgroups
 
@@ -48,3 +49,4 @@ TESSERA_BENCH_QUICK=1 bash scripts/bench-cdi.sh
 TESSERA_BENCH_QUICK=1 bash scripts/bench-hook.sh
 TESSERA_BENCH_QUICK=1 bash scripts/bench-vgpu.sh
 TESSERA_BENCH_QUICK=1 bash scripts/bench-sm-limit.sh
+TESSERA_BENCH_QUICK=1 bash scripts/bench-apiserver.sh

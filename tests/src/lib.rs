@@ -1,7 +1,8 @@
 //! Fixtures of Tessera's end-to-end tests that only they use: the hook's
 //! host-side set-up ([`hookenv`]), the proof that the hook under test ran in
 //! a container and the naive hook the security tests must catch
-//! ([`hooktrace`]), and the hostile-rootfs tripwires ([`sentinel`]).
+//! ([`hooktrace`]), the hostile-rootfs tripwires ([`sentinel`]), and gRPC
+//! over a unix socket ([`unix_grpc`]).
 //! Everything shared with other crates' tests (the prerequisite rule,
 //! simulated nodes, bundles, runtimes, podman, containerd) is in
 //! `tessera-test-support`.
@@ -9,3 +10,4 @@
 pub mod hookenv;
 pub mod hooktrace;
 pub mod sentinel;
+pub mod unix_grpc;

@@ -2,38 +2,34 @@
 //! drives it: pod sandboxes with a chosen pid namespace mode, containers with
 //! CDI devices, annotations and envs, verbose container status, `ExecSync`.
 //!
-//! The daemon is containerd 1.7 from Debian trixie, unpacked beside bookworm's
-//! packages by `scripts/lib.sh` (`tessera_install_containerd`) under
-//! [`DEFAULT_BIN_DIR`] (or `$TESSERA_CONTAINERD_BIN_DIR`), and runs
-//! containers with bookworm's runc ([`RUNC`]). Each [`Containerd`] has its own
-//! root, state, runc root and socket in a scratch directory below
-//! [`SCRATCH_BASE`], never the system's `/run/containerd`, and takes
-//! everything down when dropped: pods, containers, shims, the daemon and any
-//! mount left under its directory.
+//! The daemon itself — its config, start, image import and teardown — is
+//! the simulated cluster's product code (`tessera_kube_cluster::containerd`,
+//! which `tessera-sim cluster up` runs one per node); this module adds what
+//! tests need on top: a scratch directory below [`SCRATCH_BASE`], a cgroup
+//! parent per daemon, a CRI client, pods and containers that go away on drop.
+//! Dropping a [`Containerd`] takes everything down: pods, containers, shims,
+//! the daemon and any mount left under its directory.
 //!
-//! Images: one busybox image ([`IMAGE`]), built once per machine with podman
-//! (`import` of a busybox-static rootfs, `save --format oci-archive`) and
-//! imported into each daemon with `ctr images import --snapshotter native`.
-//! It is also the sandbox ("pause") image: its default command is `sleep`.
+//! Images: one busybox image ([`IMAGE`], `tessera_kube_cluster::image`),
+//! built once per machine under `SCRATCH_BASE/images` and imported into each
+//! daemon. It is also the sandbox ("pause") image: its default command is `sleep`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use crate::prereq::Need;
-use crate::rootfs::{SCRATCH_BASE, busybox_rootfs, mounts_under, scratch_dir};
-use crate::run;
+use crate::rootfs::{SCRATCH_BASE, scratch_dir};
+use tessera_kube_cluster::containerd::{Daemon, remove_cgroups};
 
 /// The CRI API subset (package `runtime.v1`), the one the kubelet stand-in
 /// speaks too (`sim/kube/proto/proto/cri-api-v1-subset.proto`).
@@ -41,25 +37,15 @@ pub use tessera_kube_proto::cri;
 
 use cri::runtime_service_client::RuntimeServiceClient;
 
-/// Where `tessera_install_containerd` (scripts/lib.sh) unpacks containerd 1.7's
-/// binaries (`containerd`, `containerd-shim-runc-v2`, `ctr`).
-pub const DEFAULT_BIN_DIR: &str = "/opt/tessera-e2e/containerd-1.7/usr/bin";
-
-/// The OCI runtime the daemon's runc handler uses: bookworm's runc 1.1.5
-/// (trixie's needs a newer glibc).
-pub const RUNC: &str = "/usr/sbin/runc";
-
-/// The busybox image every pod and container of the tests runs.
-pub const IMAGE: &str = "localhost/tessera-e2e/busybox:latest";
-
-/// The CRI runtime handler the daemon configures (runc, `io.containerd.runc.v2`).
-pub const RUNTIME_HANDLER: &str = "runc";
+/// The daemon's paths and config, the image, the binaries and runtime
+/// handler: one place, the cluster's product code.
+pub use tessera_kube_cluster::containerd::{
+    DEFAULT_BIN_DIR, DaemonDirs, K8S_NAMESPACE, Options, RUNC, RUNTIME_HANDLER,
+};
+pub use tessera_kube_cluster::image::{IMAGE, ImageArchive};
 
 /// The top cgroup below which every daemon's pods get theirs.
 pub const CGROUP_ROOT: &str = "tessera-e2e";
-
-/// The containerd namespace of the CRI plugin.
-pub const K8S_NAMESPACE: &str = "k8s.io";
 
 /// How long one CRI call may take before the test gives up on it.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -67,8 +53,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// The directory holding containerd 1.7's binaries:
 /// `$TESSERA_CONTAINERD_BIN_DIR` or [`DEFAULT_BIN_DIR`].
 pub fn bin_dir() -> PathBuf {
-    std::env::var_os("TESSERA_CONTAINERD_BIN_DIR")
-        .map_or_else(|| PathBuf::from(DEFAULT_BIN_DIR), PathBuf::from)
+    tessera_kube_cluster::containerd::bin_dir_from_env()
 }
 
 /// What the containerd runner needs: root, runc, podman and tar (to build
@@ -81,7 +66,7 @@ pub fn needs() -> Vec<Need> {
         Need::Program("podman"),
         Need::Program("tar"),
     ];
-    needs.extend(["containerd", "containerd-shim-runc-v2", "ctr"].map(|b| {
+    needs.extend(tessera_kube_cluster::containerd::BINARIES.map(|b| {
         Need::File {
             path: dir.join(b),
             fix: "containerd 1.7: run scripts/lib.sh's tessera_install_containerd, \
@@ -131,257 +116,34 @@ impl fmt::Display for PidMode {
     }
 }
 
-/// How the daemon's CRI plugin is configured.
-#[derive(Debug, Clone, Default)]
-pub struct Options {
-    /// `enable_cdi`: containerd resolves CDI devices itself.
-    pub enable_cdi: bool,
-    /// `cdi_spec_dirs`: where it looks for CDI specs.
-    pub cdi_spec_dirs: Vec<PathBuf>,
-    /// The runc handler's `base_runtime_spec`: the whole starting OCI spec.
-    pub base_runtime_spec: Option<PathBuf>,
-    /// The runc handler's `container_annotations`: container annotations
-    /// (prefixes) passed into the OCI spec.
-    pub container_annotations: Vec<String>,
-    /// The runc handler's `pod_annotations`: pod annotations (prefixes)
-    /// passed into the OCI spec.
-    pub pod_annotations: Vec<String>,
-}
-
-/// A TOML basic string.
-fn toml_str(s: &str) -> String {
-    serde_json::Value::from(s).to_string()
-}
-
-fn toml_list<S: AsRef<str>>(items: &[S]) -> String {
-    let items: Vec<String> = items.iter().map(|s| toml_str(s.as_ref())).collect();
-    format!("[{}]", items.join(", "))
-}
-
-impl Options {
-    /// The daemon's config file (version 2) for a daemon living in `dir`.
-    pub fn config_toml(&self, dir: &DaemonDirs) -> String {
-        let cdi_dirs: Vec<String> = self
-            .cdi_spec_dirs
-            .iter()
-            .map(|d| d.display().to_string())
-            .collect();
-        let base_spec = self
-            .base_runtime_spec
-            .as_ref()
-            .map(|p| {
-                format!(
-                    "      base_runtime_spec = {}\n",
-                    toml_str(&p.display().to_string())
-                )
-            })
-            .unwrap_or_default();
-        let cri = r#"plugins."io.containerd.grpc.v1.cri""#;
-        format!(
-            r#"# Written by tessera-e2e (tests/src/containerd.rs): a private containerd for one test.
-version = 2
-root = {root}
-state = {state}
-# Plugins that would touch host-wide places or cannot work here.
-disabled_plugins = [
-  "io.containerd.internal.v1.opt",
-  "io.containerd.internal.v1.tracing",
-  "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-]
-
-[grpc]
-  address = {socket}
-
-[ttrpc]
-  address = {ttrpc}
-
-[debug]
-  level = "info"
-
-[{cri}]
-  sandbox_image = {image}
-  # This machine forbids lowering oom_score_adj; without this runc fails with
-  # "can't get final child's PID from pipe".
-  restrict_oom_score_adj = true
-  enable_cdi = {enable_cdi}
-  cdi_spec_dirs = {cdi_dirs}
-  [{cri}.containerd]
-    snapshotter = "native"
-    default_runtime_name = {handler}
-    [{cri}.containerd.runtimes.{handler_key}]
-      runtime_type = "io.containerd.runc.v2"
-{base_spec}      container_annotations = {container_annotations}
-      pod_annotations = {pod_annotations}
-      [{cri}.containerd.runtimes.{handler_key}.options]
-        BinaryName = {runc}
-        Root = {runc_root}
-  [{cri}.cni]
-    bin_dir = {cni_bin}
-    conf_dir = {cni_conf}
-"#,
-            root = toml_str(&dir.root.display().to_string()),
-            state = toml_str(&dir.state.display().to_string()),
-            socket = toml_str(&dir.socket.display().to_string()),
-            ttrpc = toml_str(&format!("{}.ttrpc", dir.socket.display())),
-            image = toml_str(IMAGE),
-            enable_cdi = self.enable_cdi,
-            cdi_dirs = toml_list(&cdi_dirs),
-            handler = toml_str(RUNTIME_HANDLER),
-            handler_key = RUNTIME_HANDLER,
-            container_annotations = toml_list(&self.container_annotations),
-            pod_annotations = toml_list(&self.pod_annotations),
-            runc = toml_str(RUNC),
-            runc_root = toml_str(&dir.runc_root.display().to_string()),
-            cni_bin = toml_str(&dir.base.join("cni/bin").display().to_string()),
-            cni_conf = toml_str(&dir.base.join("cni/net.d").display().to_string()),
-        )
-    }
-}
-
-/// The places one daemon owns, all below its scratch directory.
-#[derive(Debug, Clone)]
-pub struct DaemonDirs {
-    /// The scratch directory.
-    pub base: PathBuf,
-    /// containerd's `root` (content, snapshots, CRI's sandbox files).
-    pub root: PathBuf,
-    /// containerd's `state` (task bundles, the containers' rootfs mounts).
-    pub state: PathBuf,
-    /// The runc handler's runc `--root` (the shim adds the namespace).
-    pub runc_root: PathBuf,
-    /// The gRPC socket.
-    pub socket: PathBuf,
-    /// Where pods' container logs go.
-    pub logs: PathBuf,
-    /// The cgroup (cgroupfs path) every pod of the daemon goes below, as
-    /// kubelet's `/kubepods/...`; removed with the daemon.
-    pub cgroup_parent: String,
-}
-
-impl DaemonDirs {
-    fn new(base: &Path) -> Self {
-        Self {
-            base: base.to_owned(),
-            root: base.join("root"),
-            state: base.join("state"),
-            runc_root: base.join("runc"),
-            socket: base.join("containerd.sock"),
-            logs: base.join("pods"),
-            cgroup_parent: format!(
-                "/{CGROUP_ROOT}/{}",
-                base.file_name().map_or_else(
-                    || "containerd".to_owned(),
-                    |n| n.to_string_lossy().into_owned()
-                )
-            ),
-        }
-    }
-
-    /// The task bundle of a container (its `config.json`, and its rootfs
-    /// mounted at `rootfs/` in the host's mount namespace).
-    pub fn bundle(&self, container_id: &str) -> PathBuf {
-        self.state
-            .join("io.containerd.runtime.v2.task")
-            .join(K8S_NAMESPACE)
-            .join(container_id)
-    }
-}
-
-/// Serializes podman image builds between test processes.
-static IMAGE_BUILD: Mutex<()> = Mutex::new(());
-
-/// An OCI archive of the busybox image and the name it holds the image under.
-#[derive(Debug, Clone)]
-pub struct ImageArchive {
-    /// The `oci-archive` file.
-    pub path: PathBuf,
-    /// The image's name in it (a build tag; daemons tag it [`IMAGE`]).
-    pub name: String,
-}
-
 /// The busybox image as an OCI archive, built once per machine under
 /// `SCRATCH_BASE/images` (keyed by the busybox binary and the build recipe).
 pub fn busybox_image_archive() -> Result<ImageArchive> {
-    let _guard = IMAGE_BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    let images = Path::new(SCRATCH_BASE).join("images");
-    fs::create_dir_all(&images)?;
-    let lock = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(images.join(".lock"))?;
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-        .context("flock the image directory")?;
+    Ok(tessera_kube_cluster::image::busybox_archive(
+        &Path::new(SCRATCH_BASE).join("images"),
+    )?)
+}
 
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .context("busybox-static is not installed (apt-get install busybox-static)")?;
-    const RECIPE: &str = "v1: busybox_rootfs + dev proc sys etc tmp; CMD sleep infinity";
-    let key = fs::read(busybox)?
-        .iter()
-        .chain(RECIPE.as_bytes())
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
-    // A tag of its own, so a build never clobbers an image someone else uses.
-    let tag = format!("localhost/tessera-e2e/busybox-build:{key:016x}");
-    let archive = ImageArchive {
-        path: images.join(format!("busybox-{key:016x}.oci.tar")),
-        name: tag.clone(),
-    };
-    if archive.path.exists() {
-        return Ok(archive);
-    }
-
-    let work = scratch_dir("image")?;
-    let rootfs = busybox_rootfs(work.path())?;
-    for dir in ["dev", "proc", "sys", "etc", "tmp", "run"] {
-        fs::create_dir_all(rootfs.join(dir))?;
-    }
-    fs::set_permissions(rootfs.join("tmp"), fs::Permissions::from_mode(0o1777))?;
-    let tar = work.path().join("rootfs.tar");
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&rootfs)
-        .arg("--numeric-owner")
-        .arg("-cf")
-        .arg(&tar)
-        .arg("."))?;
-    run(Command::new("podman")
-        .args([
-            "import",
-            "-q",
-            "--change",
-            r#"CMD ["/bin/sleep", "infinity"]"#,
-        ])
-        .arg(&tar)
-        .arg(&tag))?;
-    let tmp = images.join(format!(".busybox-{key:016x}.{}.tmp", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    let saved = run(Command::new("podman")
-        .args(["save", "-q", "--format", "oci-archive", "-o"])
-        .arg(&tmp)
-        .arg(&tag));
-    let _ = Command::new("podman")
-        .args(["rmi", "-f", &tag])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    saved?;
-    fs::rename(&tmp, &archive.path)?;
-    Ok(archive)
+/// The cgroup (cgroupfs path) every pod of the daemon in `base` goes below,
+/// as kubelet's `/kubepods/...`; removed with the daemon.
+fn cgroup_parent(base: &Path) -> String {
+    format!(
+        "/{CGROUP_ROOT}/{}",
+        base.file_name().map_or_else(
+            || "containerd".to_owned(),
+            |n| n.to_string_lossy().into_owned()
+        )
+    )
 }
 
 /// A private containerd daemon with a CRI client; taken down on drop.
 pub struct Containerd {
     dirs: DaemonDirs,
     options: Options,
-    child: Option<Child>,
+    /// Where pods' container logs go.
+    logs: PathBuf,
+    cgroup_parent: String,
+    daemon: Option<Daemon>,
     rt: tokio::runtime::Runtime,
     client: RuntimeServiceClient<Channel>,
     version: cri::VersionResponse,
@@ -406,76 +168,49 @@ impl Containerd {
         let archive = busybox_image_archive().context("building the busybox image")?;
         let scratch = scratch_dir("containerd")?;
         let dirs = DaemonDirs::new(scratch.path());
-        for d in [&dirs.root, &dirs.state, &dirs.runc_root, &dirs.logs] {
-            fs::create_dir_all(d)?;
-        }
-        let config = dirs.base.join("config.toml");
-        fs::write(&config, options.config_toml(&dirs))?;
-        let log = fs::File::create(dirs.base.join("containerd.log"))?;
-        let bin = bin_dir();
-        let path = format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display());
-        let mut cmd = Command::new(bin.join("containerd"));
-        cmd.arg("--config")
-            .arg(&config)
-            .env_clear()
-            .env("PATH", &path)
-            .env("TMPDIR", dirs.base.join("tmp"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        fs::create_dir_all(dirs.base.join("tmp"))?;
+        let logs = scratch.path().join("pods");
+        fs::create_dir_all(&logs)?;
+        let daemon = Daemon::start(&bin_dir(), dirs.clone(), &options, Duration::from_secs(30))?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", bin.join("containerd").display()))?;
-        // From here on a failure still takes the daemon down: build a
-        // partial value whose Drop does that.
-        let mut daemon = Partial {
-            dirs: dirs.clone(),
-            child: Some(child),
-        };
-        let (client, version) = match Self::connect(&rt, &dirs.socket, &mut daemon) {
-            Ok(c) => c,
-            Err(e) => {
-                let log = daemon.log_tail();
-                return Err(e.context(log));
-            }
-        };
-        let child = daemon.child.take();
-        let this = Self {
+        // A failure from here on still takes the daemon down (its Drop).
+        let (client, version) = Self::connect(&rt, &dirs.socket).with_context(|| {
+            format!(
+                "containerd log ({}):\n{}",
+                dirs.log().display(),
+                tessera_kube_cluster::containerd::tail(&dirs.log(), 30)
+            )
+        })?;
+        daemon
+            .import_image(&archive)
+            .context("importing the busybox image")?;
+        Ok(Self {
+            cgroup_parent: cgroup_parent(&dirs.base),
             dirs,
             options,
-            child,
+            logs,
+            daemon: Some(daemon),
             rt,
             client,
             version,
             pods: Mutex::new(Vec::new()),
             _scratch: scratch,
-        };
-        this.import_image(&archive)?;
-        Ok(this)
+        })
     }
 
     fn connect(
         rt: &tokio::runtime::Runtime,
         socket: &Path,
-        daemon: &mut Partial,
     ) -> Result<(RuntimeServiceClient<Channel>, cri::VersionResponse)> {
+        // The daemon already answers `ctr version`; its CRI plugin may still
+        // be loading.
         let deadline = Instant::now() + Duration::from_secs(30);
-        let mut last = anyhow!("containerd did not create its socket");
+        let mut last = anyhow!("no answer");
         while Instant::now() < deadline {
-            if let Some(child) = daemon.child.as_mut()
-                && let Some(status) = child.try_wait()?
-            {
-                bail!("containerd exited with {status} while starting");
-            }
-            if socket.exists() {
-                match rt.block_on(Self::try_version(socket)) {
-                    Ok(ok) => return Ok(ok),
-                    Err(e) => last = e,
-                }
+            match rt.block_on(Self::try_version(socket)) {
+                Ok(ok) => return Ok(ok),
+                Err(e) => last = e,
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -485,18 +220,7 @@ impl Containerd {
     async fn try_version(
         socket: &Path,
     ) -> Result<(RuntimeServiceClient<Channel>, cri::VersionResponse)> {
-        let socket = socket.to_owned();
-        let channel = Endpoint::try_from("http://[::]:50051")?
-            .connect_timeout(Duration::from_secs(5))
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let socket = socket.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(socket).await?,
-                    ))
-                }
-            }))
-            .await?;
+        let channel = tessera_kube_proto::unix_channel(socket).await?;
         let mut client = RuntimeServiceClient::new(channel);
         let version = tokio::time::timeout(
             Duration::from_secs(5),
@@ -508,37 +232,6 @@ impl Containerd {
         .context("Version timed out")??
         .into_inner();
         Ok((client, version))
-    }
-
-    /// Imports the image archive and tags the image [`IMAGE`].
-    fn import_image(&self, archive: &ImageArchive) -> Result<()> {
-        run(Command::new(bin_dir().join("ctr"))
-            .arg("--address")
-            .arg(&self.dirs.socket)
-            .args([
-                "-n",
-                K8S_NAMESPACE,
-                "images",
-                "import",
-                "--snapshotter",
-                "native",
-            ])
-            .arg(&archive.path))
-        .context("importing the busybox image")?;
-        run(Command::new(bin_dir().join("ctr"))
-            .arg("--address")
-            .arg(&self.dirs.socket)
-            .args([
-                "-n",
-                K8S_NAMESPACE,
-                "images",
-                "tag",
-                "--force",
-                &archive.name,
-                IMAGE,
-            ]))
-        .context("tagging the busybox image")?;
-        Ok(())
     }
 
     /// What the daemon answered to `Version` (runtime name and version).
@@ -558,7 +251,7 @@ impl Containerd {
 
     /// The last `lines` lines of the daemon's log, for failure messages.
     pub fn log_tail(&self, lines: usize) -> String {
-        tail(&self.dirs.base.join("containerd.log"), lines)
+        tessera_kube_cluster::containerd::tail(&self.dirs.log(), lines)
     }
 
     /// Runs one CRI call with the client, bounded by a timeout.
@@ -592,7 +285,7 @@ impl Containerd {
         annotations: &[(&str, &str)],
     ) -> Result<Pod<'_>> {
         let uid = format!("{name}-{}", std::process::id());
-        let log_directory = self.dirs.logs.join(&uid);
+        let log_directory = self.logs.join(&uid);
         fs::create_dir_all(&log_directory)?;
         let namespaces = cri::NamespaceOption {
             network: cri::NamespaceMode::Node.into(),
@@ -615,7 +308,7 @@ impl Containerd {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             linux: Some(cri::LinuxPodSandboxConfig {
-                cgroup_parent: format!("{}/pod{uid}", self.dirs.cgroup_parent),
+                cgroup_parent: format!("{}/pod{uid}", self.cgroup_parent),
                 security_context: Some(cri::LinuxSandboxSecurityContext {
                     namespace_options: Some(namespaces.clone()),
                     readonly_rootfs: false,
@@ -753,11 +446,10 @@ impl Containerd {
                 eprintln!("containerd teardown: pod {pod}: {e:#}");
             }
         }
-        let mut partial = Partial {
-            dirs: self.dirs.clone(),
-            child: self.child.take(),
-        };
-        partial.shut_down();
+        if let Some(mut daemon) = self.daemon.take() {
+            daemon.shut_down();
+        }
+        remove_cgroups(&self.cgroup_parent);
     }
 }
 
@@ -765,227 +457,6 @@ impl Drop for Containerd {
     fn drop(&mut self) {
         self.shut_down();
     }
-}
-
-/// A daemon being started or taken down: enough to kill it and clean up.
-struct Partial {
-    dirs: DaemonDirs,
-    child: Option<Child>,
-}
-
-impl Partial {
-    fn log_tail(&self) -> String {
-        format!(
-            "containerd log ({}):\n{}",
-            self.dirs.base.join("containerd.log").display(),
-            tail(&self.dirs.base.join("containerd.log"), 30)
-        )
-    }
-
-    fn shut_down(&mut self) {
-        // Containers runc still knows of: `delete --force` kills their
-        // processes and removes their cgroups.
-        let runc_root = self.dirs.runc_root.join(K8S_NAMESPACE);
-        if let Ok(entries) = fs::read_dir(&runc_root) {
-            for entry in entries.flatten() {
-                let id = entry.file_name();
-                let _ = Command::new(RUNC)
-                    .arg("--root")
-                    .arg(&runc_root)
-                    .args(["delete", "--force"])
-                    .arg(&id)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
-            }
-        }
-        // Shims (their command line names this daemon's socket) and
-        // everything below them.
-        let socket = self.dirs.socket.display().to_string();
-        let shims = processes_whose_cmdline_has(&socket);
-        let doomed = with_descendants(&shims);
-        let shim_sockets = sockets_of(&shims, SHIM_SOCKET_DIR);
-        // The daemon: SIGTERM, then SIGKILL.
-        if let Some(mut child) = self.child.take() {
-            if let Ok(pid) = i32::try_from(child.id()) {
-                signal(pid, rustix::process::Signal::TERM);
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        for pid in doomed.iter().rev() {
-            signal(*pid, rustix::process::Signal::KILL);
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline
-            && doomed
-                .iter()
-                .any(|p| Path::new(&format!("/proc/{p}")).exists())
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // A shim removes its socket when it exits, not when it is killed.
-        for socket in shim_sockets {
-            let _ = fs::remove_file(socket);
-        }
-        remove_cgroups(&self.dirs.cgroup_parent);
-        // Mounts below the scratch directory, deepest first.
-        let mut mounts = mounts_under(&self.dirs.base).unwrap_or_default();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for mount in mounts {
-            let status = Command::new("umount")
-                .args(["-l", &mount])
-                .stderr(Stdio::null())
-                .status();
-            if !status.is_ok_and(|s| s.success()) {
-                eprintln!("containerd teardown: could not unmount {mount}");
-            }
-        }
-    }
-}
-
-impl Drop for Partial {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            self.shut_down();
-        }
-    }
-}
-
-/// Removes the (empty) cgroup directories `parent` and below in every cgroup
-/// hierarchy, deepest first, then `CGROUP_ROOT` where nothing else is left in
-/// it. Only `rmdir`: a cgroup still holding a process stays.
-fn remove_cgroups(parent: &str) {
-    let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let hierarchies = mountinfo.lines().filter_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        let fstype = right.split(' ').next()?;
-        (fstype == "cgroup" || fstype == "cgroup2").then(|| left.split(' ').nth(4))?
-    });
-    for hierarchy in hierarchies {
-        let top = Path::new(hierarchy).join(parent.trim_start_matches('/'));
-        let mut dirs = Vec::new();
-        let mut stack = vec![top];
-        while let Some(dir) = stack.pop() {
-            if let Ok(entries) = fs::read_dir(&dir) {
-                stack.extend(
-                    entries
-                        .flatten()
-                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                        .map(|e| e.path()),
-                );
-                dirs.push(dir);
-            }
-        }
-        for dir in dirs.iter().rev() {
-            if let Err(e) = fs::remove_dir(dir) {
-                eprintln!("containerd teardown: rmdir {}: {e}", dir.display());
-            }
-        }
-        let _ = fs::remove_dir(Path::new(hierarchy).join(CGROUP_ROOT));
-    }
-}
-
-fn signal(pid: i32, sig: rustix::process::Signal) {
-    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-        let _ = rustix::process::kill_process(pid, sig);
-    }
-}
-
-/// Where containerd 1.7's shims put their sockets, whatever the daemon's
-/// config says (`/run/containerd/s/<sha256 of address, namespace, id>`).
-const SHIM_SOCKET_DIR: &str = "/run/containerd/s/";
-
-/// Paths under `dir` of the unix sockets the processes `pids` hold open.
-fn sockets_of(pids: &[i32], dir: &str) -> Vec<PathBuf> {
-    let mut inodes = Vec::new();
-    for pid in pids {
-        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if let Ok(target) = fs::read_link(fd.path())
-                && let Some(inode) = target
-                    .to_str()
-                    .and_then(|t| t.strip_prefix("socket:["))
-                    .and_then(|t| t.strip_suffix(']'))
-            {
-                inodes.push(inode.to_owned());
-            }
-        }
-    }
-    fs::read_to_string("/proc/net/unix")
-        .unwrap_or_default()
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let (inode, path) = (fields.get(6)?, fields.get(7)?);
-            (inodes.iter().any(|i| i == inode) && path.starts_with(dir))
-                .then(|| PathBuf::from(path))
-        })
-        .collect()
-}
-
-/// Pids of processes whose command line contains `needle` (as one argument).
-fn processes_whose_cmdline_has(needle: &str) -> Vec<i32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == needle.as_bytes()))
-        })
-        .collect()
-}
-
-/// `roots` and all their descendants, parents before children.
-fn with_descendants(roots: &[i32]) -> Vec<i32> {
-    let mut children: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
-    if let Ok(entries) = fs::read_dir("/proc") {
-        for pid in entries
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        {
-            if let Some(ppid) = parent_pid(pid) {
-                children.entry(ppid).or_default().push(pid);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    let mut queue: Vec<i32> = roots.to_vec();
-    while let Some(pid) = queue.pop() {
-        if out.contains(&pid) {
-            continue;
-        }
-        out.push(pid);
-        if let Some(kids) = children.get(&pid) {
-            queue.extend(kids);
-        }
-    }
-    out
-}
-
-/// The parent pid from `/proc/<pid>/stat` (field 4, after the `(comm)`).
-pub fn parent_pid(pid: i32) -> Option<i32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(1)?.parse().ok()
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// A container to create in a pod.
@@ -1088,6 +559,7 @@ impl Pod<'_> {
                     value: value.clone(),
                 })
                 .collect(),
+            mounts: Vec::new(),
             devices: Vec::new(),
             labels: HashMap::new(),
             annotations: spec.annotations.iter().cloned().collect(),

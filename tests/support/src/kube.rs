@@ -229,6 +229,16 @@ impl StandInApiServer {
         }
     }
 
+    /// Kills it with SIGKILL (a crash: no final save of `--state`) and
+    /// waits for it to be gone. Idempotent; [`Self::restart`] starts it again
+    /// (the port changes unless `--listen` fixed it).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Stops it and starts it again with the same arguments (and so the same
     /// `--state` file, when one was given). The port changes: re-read
     /// [`Self::kubeconfig`].
