@@ -29,7 +29,7 @@ use kube::api::{
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::{Value, json};
 use tessera_test_support::kube::{self as standin, StandInApiServer};
-use tessera_test_support::require;
+use tessera_test_support::{free_port, require};
 
 /// A stand-in with extra arguments, or `None` (skipped loudly) when
 /// `tessera-sim` is not built.
@@ -47,11 +47,6 @@ async fn client(server: &StandInApiServer) -> kube::Client {
 }
 
 /// A port free now, so a restarted stand-in keeps its URL.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
 /// A stand-in a restart brings back as it was: its state in a file (in the
 /// directory, first) and a fixed `host:port` to listen on (second).
 fn restartable_stand_in(

@@ -23,7 +23,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use tessera_test_support::containerd::{self, Containerd, IMAGE, Options};
 use tessera_test_support::kube::{StandInApiServer, client};
-use tessera_test_support::{Need, artefact, require};
+use tessera_test_support::{Need, artefact, free_port, require};
 
 /// One containerd at a time: the machine has two cores.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -67,18 +67,8 @@ impl Kubelet {
     }
 
     fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let pid = rustix::process::Pid::from_child(&child);
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while child.try_wait().ok().flatten().is_none() {
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        if let Some(child) = self.child.take() {
+            tessera_test_support::terminate(child, Duration::from_secs(10));
         }
     }
 
@@ -766,13 +756,6 @@ async fn pod_resources_list(
 }
 
 /// A free TCP port on 127.0.0.1 (so a restarted API server keeps its URL).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 fn dry_run_calls(path: &Path) -> Vec<Value> {
     fs::read_to_string(path)
         .unwrap_or_default()

@@ -1035,9 +1035,7 @@ async fn only_interested_extenders_and_our_profiles_pods() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn scheduling_goes_on_across_an_api_server_restart() -> Result<()> {
     prerequisites!();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = tessera_test_support::free_port();
     let state_dir = tempfile::tempdir()?;
     let state = state_dir.path().join("state.json");
     let listen = format!("127.0.0.1:{port}");

@@ -214,18 +214,8 @@ impl StandInApiServer {
 
     /// Stops it: SIGTERM, then SIGKILL after 10 s. Idempotent.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let pid = rustix::process::Pid::from_child(&child);
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while child.try_wait().ok().flatten().is_none() {
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        if let Some(child) = self.child.take() {
+            crate::terminate(child, Duration::from_secs(10));
         }
     }
 

@@ -132,3 +132,28 @@ pub fn run(cmd: &mut Command) -> Result<Output> {
     }
     Ok(out)
 }
+
+/// Stops a child process as a service manager does: SIGTERM, then SIGKILL if
+/// it has not exited within `grace`; reaps it either way.
+pub fn terminate(mut child: std::process::Child, grace: std::time::Duration) {
+    let pid = rustix::process::Pid::from_child(&child);
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let deadline = std::time::Instant::now() + grace;
+    while child.try_wait().ok().flatten().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (for a server that
+/// must keep its address across a restart).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}
