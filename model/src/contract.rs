@@ -130,8 +130,10 @@ pub mod annotations {
     pub const USE_GPU_UUID: &str = "nvidia.com/use-gpuuuid";
     /// Pod (user): GPU uuids to avoid.
     pub const NOUSE_GPU_UUID: &str = "nvidia.com/nouse-gpuuuid";
-    /// Pod (user): `binpack` or `spread`.
+    /// Pod (user): `binpack` or `spread`, among a node's GPUs.
     pub const GPU_POLICY: &str = "tessera.io/gpu-policy";
+    /// Pod (user): `binpack` or `spread`, among nodes.
+    pub const NODE_POLICY: &str = "tessera.io/node-policy";
     /// Pod (system): the allocation, JSON.
     pub const ALLOCATION: &str = "tessera.io/allocation";
     /// Pod (system): `allocating`, `success` or `failed`.
@@ -164,7 +166,9 @@ pub mod cluster {
     pub const BIND_LEASE_PREFIX: &str = "tessera-bind.";
     /// How long a bind lock holds, seconds.
     pub const BIND_LEASE_SECONDS: u32 = 300;
-    /// The extender's metrics port.
+    /// Default path of the cluster configuration file (extender and device plugin).
+    pub const CONFIG_PATH: &str = "/etc/tessera/cluster.yaml";
+    /// The extender's port: its verbs, `/metrics`, `/inspect`, `/healthz`, `/readyz`.
     pub const EXTENDER_METRICS_PORT: u16 = 31993;
     /// The device plugin's node-monitor metrics port.
     pub const PLUGIN_METRICS_PORT: u16 = 31992;

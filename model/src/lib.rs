@@ -15,4 +15,5 @@ pub mod facts;
 pub mod gpu;
 pub mod mig;
 pub mod proc;
+pub mod sched;
 pub mod vgpu;
