@@ -14,7 +14,7 @@ use tessera_model::mig::placement::{
 };
 
 /// GPUs the timings run on.
-const BENCH_GPUS: &[&str] = &["A100-40GB", "H100-80GB"];
+const BENCH_GPUS: &[&str] = &["A100-40GB", "H100-80GB", "RTX-PRO-6000"];
 /// GPUs the simulation runs on.
 const SIM_GPUS: &[&str] = &["A100-40GB", "H100-80GB", "A30", "RTX-PRO-6000"];
 const SEED: u64 = 0x7e55_e2a0;
@@ -148,10 +148,11 @@ fn simulate_all(events: usize) {
     println!();
     println!(
         "| GPU | axis | load | acceptance FirstFit | acceptance MostRoom | \
-         ≥3g acceptance FirstFit | ≥3g acceptance MostRoom | \
-         mean slots used FirstFit | mean slots used MostRoom |"
+         acceptance LeastStranded | ≥3g acceptance FirstFit | ≥3g acceptance MostRoom | \
+         ≥3g acceptance LeastStranded | mean slots used FirstFit | \
+         mean slots used MostRoom | mean slots used LeastStranded |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for key in SIM_GPUS {
         let spec = mig(key);
         let mix: Vec<(&GiProfileSpec, u32)> = MIX
@@ -168,15 +169,26 @@ fn simulate_all(events: usize) {
             let arrival_rate = load * f64::from(spec.axis_len) / mean_slots_per_request;
             let ff = run(&spec, &mix, arrival_rate, events, PlacementPolicy::FirstFit);
             let mr = run(&spec, &mix, arrival_rate, events, PlacementPolicy::MostRoom);
+            let ls = run(
+                &spec,
+                &mix,
+                arrival_rate,
+                events,
+                PlacementPolicy::LeastStranded,
+            );
             println!(
-                "| {key} | {} | {load:.1} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.2} | {:.2} |",
+                "| {key} | {} | {load:.1} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.1}% \
+                 | {:.2} | {:.2} | {:.2} |",
                 spec.axis_len,
                 ff.acceptance(),
                 mr.acceptance(),
+                ls.acceptance(),
                 ff.large_acceptance(),
                 mr.large_acceptance(),
+                ls.large_acceptance(),
                 ff.mean_slots(),
                 mr.mean_slots(),
+                ls.mean_slots(),
             );
         }
     }
@@ -217,6 +229,12 @@ fn choose_first_fit(bencher: Bencher, key: &str) {
 #[divan::bench(args = BENCH_GPUS)]
 fn choose_most_room(bencher: Bencher, key: &str) {
     bench_choose(bencher, key, PlacementPolicy::MostRoom);
+}
+
+/// `choose` for a 1g instance, LeastStranded.
+#[divan::bench(args = BENCH_GPUS)]
+fn choose_least_stranded(bencher: Bencher, key: &str) {
+    bench_choose(bencher, key, PlacementPolicy::LeastStranded);
 }
 
 /// `free_placements` of every profile of the GPU.

@@ -1,4 +1,5 @@
-//! Fixtures of Tessera's end-to-end tests that only they use: the hook's
+//! Fixtures of Tessera's end-to-end tests that only they use: a GPU cluster
+//! on the stand-in API server for the scheduler extender ([`gpu_cluster`]), the hook's
 //! host-side set-up ([`hookenv`]), the proof that the hook under test ran in
 //! a container and the naive hook the security tests must catch
 //! ([`hooktrace`]), the hostile-rootfs tripwires ([`sentinel`]), and gRPC
@@ -7,6 +8,7 @@
 //! simulated nodes, bundles, runtimes, podman, containerd) is in
 //! `tessera-test-support`.
 
+pub mod gpu_cluster;
 pub mod hookenv;
 pub mod hooktrace;
 pub mod sentinel;

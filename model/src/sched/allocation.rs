@@ -25,6 +25,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use super::{VersionedParseError, parse_versioned};
 use crate::mig::placement::{MAX_AXIS_LEN, Placement};
 
 /// The schema version this code writes and reads.
@@ -141,23 +142,19 @@ pub enum AllocationError {
     },
 }
 
+impl From<VersionedParseError> for AllocationError {
+    fn from(error: VersionedParseError) -> AllocationError {
+        match error {
+            VersionedParseError::Version(found) => AllocationError::Version { found },
+            VersionedParseError::Malformed(message) => AllocationError::Malformed(message),
+        }
+    }
+}
+
 impl Allocation {
     /// Parses and validates an annotation value.
     pub fn parse(text: &str) -> Result<Allocation, AllocationError> {
-        #[derive(Deserialize)]
-        struct VersionOnly {
-            version: Option<u32>,
-        }
-        match serde_json::from_str::<VersionOnly>(text) {
-            Ok(VersionOnly {
-                version: Some(found),
-            }) if found != ALLOCATION_VERSION => {
-                return Err(AllocationError::Version { found });
-            }
-            _ => {}
-        }
-        let allocation: Allocation =
-            serde_json::from_str(text).map_err(|e| AllocationError::Malformed(e.to_string()))?;
+        let allocation: Allocation = parse_versioned(text, ALLOCATION_VERSION)?;
         allocation.validate()?;
         Ok(allocation)
     }

@@ -25,6 +25,8 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use super::{VersionedParseError, parse_versioned};
+use crate::mig::catalogue::{GiProfileSpec, GpuModelSpec};
 use crate::mig::placement::{MAX_AXIS_LEN, Placement, ProfileLayout};
 
 /// The schema version this code writes and reads.
@@ -97,6 +99,23 @@ pub struct MigProfile {
     pub placements: Vec<Placement>,
 }
 
+impl MigProfile {
+    /// The profile as the built-in catalogue describes it: what NVML reports
+    /// for that model, with every legal placement.
+    pub fn from_catalogue(spec: &GiProfileSpec) -> MigProfile {
+        MigProfile {
+            id: spec.id,
+            name: spec.name.to_owned(),
+            memory_mib: spec.memory_mib,
+            compute_slices: spec.compute_slices,
+            memory_slices: spec.memory_slices,
+            sm_count: spec.sm_count,
+            max_instances: spec.max_instances,
+            placements: spec.placements().collect(),
+        }
+    }
+}
+
 impl ProfileLayout for MigProfile {
     fn profile_id(&self) -> u32 {
         self.id
@@ -135,23 +154,19 @@ pub enum InventoryError {
     },
 }
 
+impl From<VersionedParseError> for InventoryError {
+    fn from(error: VersionedParseError) -> InventoryError {
+        match error {
+            VersionedParseError::Version(found) => InventoryError::Version { found },
+            VersionedParseError::Malformed(message) => InventoryError::Malformed(message),
+        }
+    }
+}
+
 impl NodeGpus {
     /// Parses and validates an annotation value.
     pub fn parse(text: &str) -> Result<NodeGpus, InventoryError> {
-        // Read the version first, so another version is reported as such
-        // rather than as whatever field it added.
-        #[derive(Deserialize)]
-        struct VersionOnly {
-            version: Option<u32>,
-        }
-        match serde_json::from_str::<VersionOnly>(text) {
-            Ok(VersionOnly {
-                version: Some(found),
-            }) if found != NODE_GPUS_VERSION => return Err(InventoryError::Version { found }),
-            _ => {}
-        }
-        let inventory: NodeGpus =
-            serde_json::from_str(text).map_err(|e| InventoryError::Malformed(e.to_string()))?;
+        let inventory: NodeGpus = parse_versioned(text, NODE_GPUS_VERSION)?;
         inventory.validate()?;
         Ok(inventory)
     }
@@ -266,6 +281,38 @@ impl NodeGpus {
 }
 
 impl NodeGpu {
+    /// A healthy GPU of catalogue model `model` as the device plugin would
+    /// report it: the model's product name, memory and SMs; with `mig`, in MIG
+    /// mode with every profile of the model and its legal placements, and no
+    /// foreign instances. `None` when `mig` is asked of a model without MIG.
+    pub fn from_catalogue(
+        model: &GpuModelSpec,
+        index: u32,
+        uuid: impl Into<String>,
+        mig: bool,
+    ) -> Option<NodeGpu> {
+        let mig_profiles = if mig {
+            let spec = model.mig?;
+            spec.profiles
+                .iter()
+                .map(MigProfile::from_catalogue)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Some(NodeGpu {
+            uuid: uuid.into(),
+            index,
+            model: model.product_name.to_owned(),
+            memory_mib: model.memory_mib,
+            sm_count: model.sm_count,
+            mig,
+            healthy: true,
+            mig_profiles,
+            foreign_instances: Vec::new(),
+        })
+    }
+
     /// Length of the GPU's memory-slice axis: the largest placement end over
     /// its profiles (0 for a GPU without profiles).
     pub fn axis_len(&self) -> u32 {
@@ -348,6 +395,80 @@ mod tests {
             let err = NodeGpus::parse(&text).expect_err(field).to_string();
             assert!(err.contains(field), "{field}: {err}");
         }
+    }
+
+    #[test]
+    fn a_catalogue_gpu_is_reported_as_nvml_would() {
+        use crate::mig::catalogue;
+        let a100 = catalogue::find("A100-40GB").expect("A100-40GB in the catalogue");
+
+        let whole = NodeGpu::from_catalogue(a100, 3, "GPU-w", false).expect("whole GPU");
+        assert_eq!(whole.uuid, "GPU-w");
+        assert_eq!(whole.index, 3);
+        assert_eq!(whole.model, "NVIDIA A100-SXM4-40GB");
+        assert_eq!((whole.memory_mib, whole.sm_count), (40960, 108));
+        assert!(!whole.mig && whole.healthy);
+        assert!(whole.mig_profiles.is_empty() && whole.foreign_instances.is_empty());
+
+        // mig.md, A100-SXM4-40GB: seven profiles; 1g.5gb id 19, 14 SMs, max 7,
+        // ≈ 4.75 GiB (4864 MiB), {0..6}:1; 3g.20gb id 9, 42 SMs, max 2, {0,4}:4;
+        // 7g.40gb id 0, 98 SMs, {0}:8.
+        let mig = NodeGpu::from_catalogue(a100, 0, "GPU-m", true).expect("MIG GPU");
+        assert!(mig.mig && mig.healthy);
+        assert_eq!(mig.mig_profiles.len(), 7);
+        assert_eq!(mig.axis_len(), 8);
+        let by_id = |id: u32| {
+            mig.mig_profiles
+                .iter()
+                .find(|p| p.id == id)
+                .unwrap_or_else(|| panic!("profile {id}"))
+        };
+        let one = by_id(19);
+        assert_eq!(one.name, "1g.5gb");
+        assert_eq!(
+            (one.memory_mib, one.compute_slices, one.memory_slices),
+            (4864, 1, 1)
+        );
+        assert_eq!((one.sm_count, one.max_instances), (14, 7));
+        let starts: Vec<u32> = one.placements.iter().map(|p| p.start).collect();
+        assert_eq!(starts, [0, 1, 2, 3, 4, 5, 6]);
+        assert!(one.placements.iter().all(|p| p.size == 1));
+        let three = by_id(9);
+        assert_eq!(three.name, "3g.20gb");
+        assert_eq!((three.compute_slices, three.memory_slices), (3, 4));
+        assert_eq!((three.sm_count, three.max_instances), (42, 2));
+        assert_eq!(
+            three.placements,
+            [
+                Placement { start: 0, size: 4 },
+                Placement { start: 4, size: 4 }
+            ]
+        );
+        let seven = by_id(0);
+        assert_eq!((seven.name.as_str(), seven.sm_count), ("7g.40gb", 98));
+        assert_eq!(seven.placements, [Placement { start: 0, size: 8 }]);
+
+        let text = NodeGpus {
+            version: NODE_GPUS_VERSION,
+            gpus: vec![whole, mig],
+        }
+        .to_annotation();
+        assert!(NodeGpus::parse(&text).is_ok(), "{text}");
+    }
+
+    #[test]
+    fn mig_of_a_model_without_mig_is_refused() {
+        let plain = GpuModelSpec {
+            key: "T4",
+            product_name: "Tesla T4",
+            memory_mib: 15360,
+            sm_count: 40,
+            mig: None,
+        };
+        assert_eq!(NodeGpu::from_catalogue(&plain, 0, "GPU-t", true), None);
+        let whole = NodeGpu::from_catalogue(&plain, 0, "GPU-t", false).expect("whole GPU");
+        assert_eq!(whole.model, "Tesla T4");
+        assert!(!whole.mig);
     }
 
     #[test]

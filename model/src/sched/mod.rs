@@ -18,3 +18,35 @@ pub mod fit;
 pub mod gpu_type;
 pub mod inventory;
 pub mod request;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+/// Why [`parse_versioned`] refused a value.
+enum VersionedParseError {
+    /// The value declares another schema version.
+    Version(u32),
+    /// Not JSON, or not the schema (serde's message).
+    Malformed(String),
+}
+
+/// Parses a versioned annotation value strictly, reading its `version` first
+/// so that another version is reported as such rather than as whatever field
+/// that version added. An absent `version` is left to the schema to judge.
+fn parse_versioned<T: DeserializeOwned>(
+    text: &str,
+    supported: u32,
+) -> Result<T, VersionedParseError> {
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        version: Option<u32>,
+    }
+    if let Ok(VersionOnly {
+        version: Some(found),
+    }) = serde_json::from_str::<VersionOnly>(text)
+        && found != supported
+    {
+        return Err(VersionedParseError::Version(found));
+    }
+    serde_json::from_str(text).map_err(|e| VersionedParseError::Malformed(e.to_string()))
+}

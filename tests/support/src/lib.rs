@@ -5,11 +5,13 @@
 //! ([`node::NodeView`]), busybox root filesystems and OCI bundles run by runc
 //! and crun ([`rootfs`], [`oci`]), podman and the host CDI directory
 //! ([`podman`]), and, with the `containerd` feature, a private containerd
-//! driven over CRI ([`containerd`]).
+//! driven over CRI ([`containerd`]), and golden-file comparisons with
+//! `TESSERA_BLESS` ([`golden`]).
 //!
 //! A dev-dependency only: no crate ships it.
 
 pub mod elf;
+pub mod golden;
 pub mod node;
 pub mod oci;
 pub mod podman;
