@@ -50,6 +50,53 @@ pub enum DriverError {
     /// The instance is still in use (a GI that still holds CIs).
     #[error("{0}")]
     InUse(String),
+    /// The GPU fell off the bus or stopped answering (`NVML_ERROR_GPU_IS_LOST`).
+    #[error("{0}")]
+    GpuLost(String),
+    /// The driver (or this implementation) cannot answer the call.
+    #[error("{0}")]
+    NotSupported(String),
+}
+
+/// A health event the driver reported for a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthEvent {
+    /// An XID error (`nvmlEventTypeXidCriticalError`) on the GPU with `uuid`.
+    Xid {
+        /// The GPU's `GPU-…` uuid.
+        uuid: String,
+        /// The XID number (e.g. 48, 63, 79).
+        xid: u64,
+        /// For an XID inside a MIG instance: its GPU- and compute-instance ids.
+        instance: Option<(u32, u32)>,
+    },
+    /// The GPU stopped answering (fell off the bus, `GPU_IS_LOST`).
+    Lost {
+        /// The GPU's `GPU-…` uuid.
+        uuid: String,
+    },
+}
+
+/// A process holding a context on a GPU, as NVML reports it (host pids).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuProcess {
+    /// Pid in the host's pid namespace.
+    pub pid: u32,
+    /// GPU memory the process holds, bytes (0 when NVML cannot tell).
+    pub used_memory_bytes: u64,
+    /// On a MIG GPU: the GPU- and compute-instance ids the process runs in.
+    pub instance: Option<(u32, u32)>,
+}
+
+/// One process's SM utilization sample (`nvmlDeviceGetProcessUtilization`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessUtilization {
+    /// Pid in the host's pid namespace.
+    pub pid: u32,
+    /// SM utilization, percent of the whole GPU.
+    pub sm_percent: u32,
+    /// When the sample was taken, microseconds (NVML's clock).
+    pub timestamp_us: u64,
 }
 
 /// The GPU operations Tessera needs, nothing more.
@@ -95,4 +142,44 @@ pub trait GpuDriver {
     ) -> Result<(), DriverError>;
     /// MIG devices under a GPU, in MIG-index order (empty when MIG is off).
     fn mig_devices(&self, gpu: u32) -> Result<Vec<MigDevice>, DriverError>;
+
+    /// Waits up to `timeout` for the next health event on any GPU (XID
+    /// critical errors, a GPU lost). The first call registers for the events;
+    /// `Ok(None)` when none came in time.
+    fn wait_health_event(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<Option<HealthEvent>, DriverError> {
+        std::thread::sleep(timeout);
+        Ok(None)
+    }
+
+    /// Whether the GPU still answers: `Err(DriverError::GpuLost)` when it fell
+    /// off the bus.
+    fn check_gpu(&self, gpu: u32) -> Result<(), DriverError> {
+        self.gpus()?
+            .iter()
+            .any(|g| g.index == gpu)
+            .then_some(())
+            .ok_or_else(|| DriverError::NotFound(format!("no GPU with index {gpu}")))
+    }
+
+    /// Processes with a compute context on the GPU (host pids).
+    fn processes(&self, gpu: u32) -> Result<Vec<GpuProcess>, DriverError> {
+        Err(DriverError::NotSupported(format!(
+            "process listing on GPU {gpu}"
+        )))
+    }
+
+    /// Per-process SM utilization samples on the GPU newer than `since_us`.
+    fn process_utilization(
+        &self,
+        gpu: u32,
+        since_us: u64,
+    ) -> Result<Vec<ProcessUtilization>, DriverError> {
+        let _ = since_us;
+        Err(DriverError::NotSupported(format!(
+            "process utilization on GPU {gpu}"
+        )))
+    }
 }

@@ -1,0 +1,1 @@
+//! TODO(devices): being written.

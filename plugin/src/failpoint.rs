@@ -1,0 +1,1 @@
+//! TODO(failpoint): being written.

@@ -1,0 +1,1 @@
+//! TODO(inventory): being written.

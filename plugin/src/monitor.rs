@@ -1,0 +1,1 @@
+//! TODO(monitor): being written.

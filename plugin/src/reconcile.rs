@@ -1,0 +1,1 @@
+//! TODO(reconcile): being written.

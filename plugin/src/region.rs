@@ -1,0 +1,1 @@
+//! The accounting region mapped shared (the plugin's one `unsafe` module).
