@@ -19,8 +19,20 @@
 //! `destroy_compute_instance(0, 2, 0)` — so tests can assert what was called
 //! ([`FakeDriver::calls`]). [`FakeDriver::fail_next`] makes the next call of a
 //! method fail with a chosen error.
+//!
+//! Health and processes are scripted: [`FakeDriver::push_health_event`]
+//! queues an event for `wait_health_event` (waking a waiting caller);
+//! [`FakeDriver::set_lost`] makes a GPU fall off the bus as NVML reports it —
+//! one [`HealthEvent::Lost`] queued, and every call naming the GPU (and
+//! `gpus`) failing with [`DriverError::GpuLost`] until it is restored;
+//! [`FakeDriver::set_processes`] and [`FakeDriver::set_process_utilization`]
+//! give what `processes` and `process_utilization` report (nothing by
+//! default; utilization samples only when newer than the caller's
+//! `since_us`, as NVML filters them).
 
-use std::sync::{Mutex, MutexGuard};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tessera_model::gpu::{
     ComputeInstance, GpuInfo, GpuInstance, GpuInstanceProfileInfo, MigDevice, MigModeState,
@@ -28,7 +40,7 @@ use tessera_model::gpu::{
 use tessera_model::mig::Placement;
 use tessera_model::mig::catalogue::{self, GiProfileSpec, GpuModelSpec};
 
-use crate::{DriverError, GpuDriver};
+use crate::{DriverError, GpuDriver, GpuProcess, HealthEvent, ProcessUtilization};
 
 /// A GPU-instance profile of a fake GPU with its legal placements.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,12 +164,18 @@ struct State {
     calls: Vec<String>,
     failures: Vec<(String, DriverError)>,
     serial: u64,
+    health: VecDeque<HealthEvent>,
+    lost: BTreeSet<u32>,
+    processes: BTreeMap<u32, Vec<GpuProcess>>,
+    utilization: BTreeMap<u32, Vec<ProcessUtilization>>,
 }
 
 /// An in-memory GPU driver that records its calls. See the [module docs](self).
 #[derive(Debug)]
 pub struct FakeDriver {
     state: Mutex<State>,
+    /// Signalled when a health event is queued.
+    health_queued: Condvar,
 }
 
 impl Default for FakeDriver {
@@ -174,6 +192,7 @@ impl FakeDriver {
                 driver_version: "550.54.14".to_string(),
                 ..State::default()
             }),
+            health_queued: Condvar::new(),
         }
     }
 
@@ -232,6 +251,45 @@ impl FakeDriver {
         self.lock().failures.push((method.to_string(), error));
     }
 
+    /// Queues `event` for `wait_health_event` (and wakes a waiting caller).
+    pub fn push_health_event(&self, event: HealthEvent) {
+        self.lock().health.push_back(event);
+        self.health_queued.notify_all();
+    }
+
+    /// Marks GPU `gpu` lost (queueing one [`HealthEvent::Lost`] when it was
+    /// answering) or, with `lost` false, answering again.
+    ///
+    /// # Panics
+    /// When the driver has no GPU `gpu`: this is test setup.
+    pub fn set_lost(&self, gpu: u32, lost: bool) {
+        let mut state = self.lock();
+        let uuid = match state.gpus.iter().find(|g| g.gpu.info.index == gpu) {
+            Some(g) => g.gpu.info.uuid.clone(),
+            None => panic!("FakeDriver::set_lost: no GPU {gpu}"),
+        };
+        if !lost {
+            state.lost.remove(&gpu);
+            return;
+        }
+        if state.lost.insert(gpu) {
+            state.health.push_back(HealthEvent::Lost { uuid });
+            drop(state);
+            self.health_queued.notify_all();
+        }
+    }
+
+    /// What `processes(gpu)` reports from now on.
+    pub fn set_processes(&self, gpu: u32, processes: Vec<GpuProcess>) {
+        self.lock().processes.insert(gpu, processes);
+    }
+
+    /// The samples `process_utilization(gpu, since_us)` picks from (those
+    /// with `timestamp_us > since_us`) from now on.
+    pub fn set_process_utilization(&self, gpu: u32, samples: Vec<ProcessUtilization>) {
+        self.lock().utilization.insert(gpu, samples);
+    }
+
     /// The calls made so far, oldest first, in the form `name(arg, …)`.
     pub fn calls(&self) -> Vec<String> {
         self.lock().calls.clone()
@@ -276,13 +334,27 @@ fn overlaps(a: Placement, b: Placement) -> bool {
 
 impl State {
     fn gpu(&self, gpu: u32) -> Result<&GpuState, DriverError> {
-        self.gpus
+        let found = self
+            .gpus
             .iter()
             .find(|g| g.gpu.info.index == gpu)
-            .ok_or_else(|| DriverError::NotFound(format!("GPU {gpu} does not exist")))
+            .ok_or_else(|| DriverError::NotFound(format!("GPU {gpu} does not exist")))?;
+        self.answering(gpu)?;
+        Ok(found)
+    }
+
+    /// `GpuLost` for a GPU marked lost.
+    fn answering(&self, gpu: u32) -> Result<(), DriverError> {
+        if self.lost.contains(&gpu) {
+            return Err(DriverError::GpuLost(format!(
+                "GPU {gpu} has fallen off the bus"
+            )));
+        }
+        Ok(())
     }
 
     fn gpu_mut(&mut self, gpu: u32) -> Result<&mut GpuState, DriverError> {
+        self.answering(gpu)?;
         self.gpus
             .iter_mut()
             .find(|g| g.gpu.info.index == gpu)
@@ -409,6 +481,9 @@ impl GpuDriver for FakeDriver {
 
     fn gpus(&self) -> Result<Vec<GpuInfo>, DriverError> {
         let state = self.call("gpus", String::new())?;
+        if let Some(&gpu) = state.lost.first() {
+            state.answering(gpu)?;
+        }
         Ok(state.gpus.iter().map(|g| g.gpu.info.clone()).collect())
     }
 
@@ -514,6 +589,59 @@ impl GpuDriver for FakeDriver {
             )));
         }
         Ok(())
+    }
+
+    fn wait_health_event(&self, timeout: Duration) -> Result<Option<HealthEvent>, DriverError> {
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400));
+        let mut state = self.call("wait_health_event", format!("{}ms", timeout.as_millis()))?;
+        loop {
+            if let Some(event) = state.health.pop_front() {
+                return Ok(Some(event));
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Ok(None);
+            }
+            state = self
+                .health_queued
+                .wait_timeout(state, remaining)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn check_gpu(&self, gpu: u32) -> Result<(), DriverError> {
+        self.call("check_gpu", format!("{gpu}"))?
+            .gpu(gpu)
+            .map(|_| ())
+    }
+
+    fn processes(&self, gpu: u32) -> Result<Vec<GpuProcess>, DriverError> {
+        let state = self.call("processes", format!("{gpu}"))?;
+        state.gpu(gpu)?;
+        Ok(state.processes.get(&gpu).cloned().unwrap_or_default())
+    }
+
+    fn process_utilization(
+        &self,
+        gpu: u32,
+        since_us: u64,
+    ) -> Result<Vec<ProcessUtilization>, DriverError> {
+        let state = self.call("process_utilization", format!("{gpu}, {since_us}"))?;
+        state.gpu(gpu)?;
+        Ok(state
+            .utilization
+            .get(&gpu)
+            .map(|all| {
+                all.iter()
+                    .filter(|s| s.timestamp_us > since_us)
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     fn mig_devices(&self, gpu: u32) -> Result<Vec<MigDevice>, DriverError> {
@@ -715,5 +843,85 @@ mod tests {
         d.destroy_compute_instance(0, gi.id, 0).unwrap();
         d.create_compute_instance(0, gi.id).unwrap();
         assert_ne!(d.mig_devices(0).unwrap()[0].uuid, first);
+    }
+
+    #[test]
+    fn health_events_are_scripted_and_wake_a_waiter() {
+        let driver = std::sync::Arc::new(a100());
+        assert_eq!(
+            driver.wait_health_event(Duration::from_millis(10)).unwrap(),
+            None
+        );
+        let xid = HealthEvent::Xid {
+            uuid: "GPU-x".into(),
+            xid: 79,
+            instance: Some((1, 0)),
+        };
+        let waiter = {
+            let driver = driver.clone();
+            std::thread::spawn(move || driver.wait_health_event(Duration::from_secs(10)))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let started = Instant::now();
+        driver.push_health_event(xid.clone());
+        assert_eq!(waiter.join().unwrap().unwrap(), Some(xid));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(
+            driver
+                .calls()
+                .contains(&"wait_health_event(10ms)".to_string())
+        );
+    }
+
+    #[test]
+    fn a_lost_gpu_reports_once_and_fails_until_restored() {
+        let driver = a100();
+        let uuid = driver.gpus().unwrap()[0].uuid.clone();
+        driver.set_lost(0, true);
+        driver.set_lost(0, true);
+        assert_eq!(
+            driver.wait_health_event(Duration::ZERO).unwrap(),
+            Some(HealthEvent::Lost { uuid })
+        );
+        assert_eq!(driver.wait_health_event(Duration::ZERO).unwrap(), None);
+        assert!(matches!(driver.check_gpu(0), Err(DriverError::GpuLost(_))));
+        assert!(matches!(driver.gpus(), Err(DriverError::GpuLost(_))));
+        assert!(matches!(driver.processes(0), Err(DriverError::GpuLost(_))));
+        assert!(matches!(
+            driver.create_gpu_instance(0, 9, p(0, 4)),
+            Err(DriverError::GpuLost(_))
+        ));
+        driver.set_lost(0, false);
+        driver.check_gpu(0).unwrap();
+        assert!(matches!(driver.check_gpu(7), Err(DriverError::NotFound(_))));
+    }
+
+    #[test]
+    fn processes_and_utilization_are_scripted() {
+        let driver = a100();
+        assert_eq!(driver.processes(0).unwrap(), []);
+        let p1 = GpuProcess {
+            pid: 42,
+            used_memory_bytes: 1 << 20,
+            instance: Some((2, 0)),
+        };
+        driver.set_processes(0, vec![p1.clone()]);
+        assert_eq!(driver.processes(0).unwrap(), [p1]);
+        let sample = |pid, timestamp_us| ProcessUtilization {
+            pid,
+            sm_percent: 30,
+            timestamp_us,
+        };
+        driver.set_process_utilization(0, vec![sample(42, 100), sample(43, 200)]);
+        assert_eq!(
+            driver.process_utilization(0, 150).unwrap(),
+            [sample(43, 200)]
+        );
+        assert_eq!(driver.process_utilization(0, 0).unwrap().len(), 2);
+        assert!(
+            driver
+                .calls()
+                .contains(&"process_utilization(0, 150)".to_string())
+        );
     }
 }

@@ -6,10 +6,21 @@
 //! `nvml_raw`: the safe profile query uses the unversioned struct (no name), its
 //! `possible_placements` returns an empty list, and GI/CI management has no safe
 //! wrapper at all.
+//!
+//! Health: [`GpuDriver::wait_health_event`] lazily makes one NVML event set
+//! registered for XID critical errors on every GPU that supports them, and on
+//! each call also asks every GPU a cheap question (its memory), turning
+//! `NVML_ERROR_GPU_IS_LOST` into [`HealthEvent::Lost`] once per GPU until it
+//! answers again. NVML's `GPU_IS_LOST` becomes [`DriverError::GpuLost`]
+//! wherever errors are mapped.
 
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
+use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use tessera_model::gpu::{
@@ -17,17 +28,61 @@ use tessera_model::gpu::{
 };
 use tessera_model::mig::Placement;
 
-use crate::nvml_raw::{self, RawCiInfo, RawError, RawGiInfo};
-use crate::{DriverError, GpuDriver};
+use crate::nvml_raw::{self, RawCiInfo, RawError, RawEventSet, RawGiInfo};
+use crate::{DriverError, GpuDriver, GpuProcess, HealthEvent, ProcessUtilization};
 
 const MIB: u64 = 1024 * 1024;
 
 /// The GPU driver over NVML.
 ///
-/// Holds the loaded library for its whole life; NVML is shut down when it is dropped.
+/// Holds the loaded library for its whole life; NVML is shut down when it is
+/// dropped. Every method may be called from several threads at once (NVML is
+/// thread-safe); [`GpuDriver::wait_health_event`] callers wait one at a time.
 pub struct NvmlDriver {
     nvml: Nvml,
     lib_path: PathBuf,
+    /// UUIDs of the GPUs seen by `gpus`, by index: a GPU lost later can
+    /// no longer tell its own.
+    uuids: Mutex<BTreeMap<u32, String>>,
+    /// What `wait_health_event` watches (made on its first call).
+    health: Mutex<Option<HealthWatch>>,
+}
+
+/// How long a wait pauses when NVML keeps answering `GPU_IS_LOST` for the
+/// event set with no newly lost GPU to report.
+const LOST_RETRY: Duration = Duration::from_millis(100);
+
+/// The GPUs `wait_health_event` watches and what it has to report.
+#[derive(Debug, Default)]
+struct HealthWatch {
+    /// The XID event set; `None` when the library has none to give.
+    events: Option<RawEventSet>,
+    /// Watched GPUs: index → (uuid, device key while it answered).
+    gpus: BTreeMap<u32, (String, Option<usize>)>,
+    /// GPUs reported lost and not answering since.
+    lost: BTreeSet<u32>,
+    /// Events found but not returned yet.
+    pending: VecDeque<HealthEvent>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Drop for NvmlDriver {
+    fn drop(&mut self) {
+        // The event set must go back before `nvml` shuts the library down.
+        let watch = self
+            .health
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(set) = watch.and_then(|w| w.events)
+            && let Err(e) = nvml_raw::event_set_free(&self.nvml, set)
+        {
+            tracing::debug!("{}: {}", e.call, e.reason);
+        }
+    }
 }
 
 impl std::fmt::Debug for NvmlDriver {
@@ -53,6 +108,8 @@ impl NvmlDriver {
         Ok(Self {
             nvml,
             lib_path: lib_path.to_path_buf(),
+            uuids: Mutex::new(BTreeMap::new()),
+            health: Mutex::new(None),
         })
     }
 
@@ -67,6 +124,141 @@ impl NvmlDriver {
                 DriverError::NotFound(format!("GPU {gpu} does not exist"))
             }
             other => safe_error("nvmlDeviceGetHandleByIndex_v2", other, format!("gpu {gpu}")),
+        })
+    }
+
+    /// Registers `device` (GPU `gpu`) for XID events in `set`, when it can
+    /// report them; failures are logged, not fatal (the GPU is still checked
+    /// for loss).
+    fn register_xids(&self, set: &RawEventSet, device: &Device<'_>, gpu: u32) {
+        let supported = match nvml_raw::supported_event_types(&self.nvml, device) {
+            Ok(types) => types,
+            Err(e) => {
+                tracing::debug!(gpu, "{}: {}", e.call, e.reason);
+                return;
+            }
+        };
+        if supported & nvml_raw::EVENT_TYPE_XID_CRITICAL_ERROR == 0 {
+            tracing::debug!(gpu, "the GPU reports no XID events");
+            return;
+        }
+        if let Err(e) = nvml_raw::register_events(
+            &self.nvml,
+            device,
+            nvml_raw::EVENT_TYPE_XID_CRITICAL_ERROR,
+            set,
+        ) {
+            tracing::warn!(gpu, "{}: {}", e.call, e.reason);
+        }
+    }
+
+    /// Makes the health watch: the event set and every GPU, registered.
+    fn start_watch(&self) -> Result<HealthWatch, DriverError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| safe_error("nvmlDeviceGetCount_v2", e, "system"))?;
+        let mut watch = HealthWatch {
+            events: match nvml_raw::event_set_create(&self.nvml) {
+                Ok(set) => Some(set),
+                Err(e) => {
+                    tracing::warn!(
+                        "{}: {}; XID errors will not be seen, lost GPUs still are",
+                        e.call,
+                        e.reason
+                    );
+                    None
+                }
+            },
+            ..HealthWatch::default()
+        };
+        let known = lock(&self.uuids).clone();
+        for index in 0..count {
+            let device = match self.device(index) {
+                Ok(device) => device,
+                Err(DriverError::GpuLost(_)) => {
+                    // Lost before we watched: reportable only if `gpus` saw it.
+                    if let Some(uuid) = known.get(&index) {
+                        watch.gpus.insert(index, (uuid.clone(), None));
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let uuid = match device.uuid() {
+                Ok(uuid) => uuid,
+                Err(NvmlError::GpuLost) => match known.get(&index) {
+                    Some(uuid) => {
+                        watch.gpus.insert(index, (uuid.clone(), None));
+                        continue;
+                    }
+                    None => continue,
+                },
+                Err(e) => return Err(safe_error("nvmlDeviceGetUUID", e, format!("gpu {index}"))),
+            };
+            if let Some(set) = &watch.events {
+                self.register_xids(set, &device, index);
+            }
+            watch
+                .gpus
+                .insert(index, (uuid, Some(nvml_raw::device_key(&device))));
+        }
+        Ok(watch)
+    }
+
+    /// Asks every watched GPU whether it answers: queues a `Lost` for each
+    /// newly lost one; one that answers again is registered for XIDs anew.
+    fn check_watched(&self, watch: &mut HealthWatch) {
+        let indexes: Vec<u32> = watch.gpus.keys().copied().collect();
+        for index in indexes {
+            match self.check_gpu(index) {
+                Err(DriverError::GpuLost(reason)) => {
+                    if watch.lost.insert(index) {
+                        tracing::warn!(gpu = index, "GPU lost: {reason}");
+                        let uuid = watch.gpus[&index].0.clone();
+                        watch.pending.push_back(HealthEvent::Lost { uuid });
+                    }
+                }
+                Ok(()) => {
+                    let back = watch.lost.remove(&index);
+                    let unregistered = watch.gpus[&index].1.is_none();
+                    if (back || unregistered)
+                        && let Ok(device) = self.device(index)
+                    {
+                        if let Some(set) = &watch.events {
+                            self.register_xids(set, &device, index);
+                        }
+                        if let Some(entry) = watch.gpus.get_mut(&index) {
+                            entry.1 = Some(nvml_raw::device_key(&device));
+                        }
+                        tracing::info!(gpu = index, "GPU answers again");
+                    }
+                }
+                Err(e) => tracing::debug!(gpu = index, "health check: {e}"),
+            }
+        }
+    }
+
+    /// The event a raw XID event stands for, if it names a watched GPU.
+    fn xid_event(watch: &HealthWatch, raw: nvml_raw::RawEvent) -> Option<HealthEvent> {
+        if raw.event_type & nvml_raw::EVENT_TYPE_XID_CRITICAL_ERROR == 0 {
+            return None;
+        }
+        let Some((uuid, _)) = watch
+            .gpus
+            .values()
+            .find(|(_, key)| *key == Some(raw.device))
+        else {
+            tracing::warn!(xid = raw.data, "XID on a GPU not watched");
+            return None;
+        };
+        let none = nvml_raw::VALUE_NOT_AVAILABLE_UINT;
+        let instance = (raw.gpu_instance_id != none && raw.compute_instance_id != none)
+            .then_some((raw.gpu_instance_id, raw.compute_instance_id));
+        Some(HealthEvent::Xid {
+            uuid: uuid.clone(),
+            xid: raw.data,
+            instance,
         })
     }
 
@@ -147,6 +339,7 @@ fn raw_error(e: RawError, what: impl Display) -> DriverError {
         Some(nvml_raw::ERROR_INVALID_ARGUMENT) => DriverError::InvalidArgument(message),
         Some(nvml_raw::ERROR_NOT_FOUND) => DriverError::NotFound(message),
         Some(nvml_raw::ERROR_IN_USE) => DriverError::InUse(message),
+        Some(nvml_raw::ERROR_GPU_IS_LOST) => DriverError::GpuLost(message),
         _ => DriverError::Call {
             call: e.call,
             reason: format!("{what}: {}", e.reason),
@@ -161,10 +354,22 @@ fn safe_error(call: &'static str, e: NvmlError, what: impl Display) -> DriverErr
         NvmlError::InvalidArg => DriverError::InvalidArgument(message),
         NvmlError::NotFound => DriverError::NotFound(message),
         NvmlError::InUse => DriverError::InUse(message),
+        NvmlError::GpuLost => DriverError::GpuLost(message),
         other => DriverError::Call {
             call,
             reason: format!("{what}: {other}"),
         },
+    }
+}
+
+/// As [`safe_error`], but a call the GPU or library cannot answer at all
+/// (`NOT_SUPPORTED`, a missing symbol) is [`DriverError::NotSupported`].
+fn optional_error(call: &'static str, e: NvmlError, what: impl Display) -> DriverError {
+    match e {
+        NvmlError::NotSupported
+        | NvmlError::FailedToLoadSymbol(_)
+        | NvmlError::FunctionNotFound => DriverError::NotSupported(format!("{call} ({what}): {e}")),
+        other => safe_error(call, other, what),
     }
 }
 
@@ -253,6 +458,7 @@ impl GpuDriver for NvmlDriver {
                 ) => None,
                 Err(e) => return Err(safe_error("nvmlDeviceGetMigMode", e, what())),
             };
+            lock(&self.uuids).insert(index, uuid.clone());
             gpus.push(GpuInfo {
                 index,
                 minor,
@@ -406,6 +612,102 @@ impl GpuDriver for NvmlDriver {
             })
     }
 
+    fn wait_health_event(&self, timeout: Duration) -> Result<Option<HealthEvent>, DriverError> {
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400));
+        let mut guard = lock(&self.health);
+        if guard.is_none() {
+            *guard = Some(self.start_watch()?);
+        }
+        let Some(watch) = guard.as_mut() else {
+            return Ok(None);
+        };
+        self.check_watched(watch);
+        loop {
+            if let Some(event) = watch.pending.pop_front() {
+                return Ok(Some(event));
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let Some(set) = &watch.events else {
+                std::thread::sleep(remaining);
+                self.check_watched(watch);
+                return Ok(watch.pending.pop_front());
+            };
+            // Whole milliseconds, rounded up so a short wait still waits.
+            let ms = u32::try_from(remaining.as_micros().div_ceil(1000)).unwrap_or(u32::MAX);
+            match nvml_raw::event_set_wait(&self.nvml, set, ms) {
+                Ok(Some(raw)) => {
+                    if let Some(event) = Self::xid_event(watch, raw) {
+                        return Ok(Some(event));
+                    }
+                }
+                Ok(None) => {
+                    self.check_watched(watch);
+                    return Ok(watch.pending.pop_front());
+                }
+                Err(e) if e.code == Some(nvml_raw::ERROR_GPU_IS_LOST) => {
+                    self.check_watched(watch);
+                    if watch.pending.is_empty() {
+                        std::thread::sleep(LOST_RETRY.min(remaining));
+                    }
+                }
+                Err(e) => return Err(raw_error(e, "XID event set")),
+            }
+            if watch.pending.is_empty() && Instant::now() >= deadline {
+                return Ok(None);
+            }
+        }
+    }
+
+    fn check_gpu(&self, gpu: u32) -> Result<(), DriverError> {
+        let device = self.device(gpu)?;
+        self.memory_mib(&device, gpu).map(|_| ())
+    }
+
+    fn processes(&self, gpu: u32) -> Result<Vec<GpuProcess>, DriverError> {
+        const CALL: &str = "nvmlDeviceGetComputeRunningProcesses_v3";
+        let device = self.device(gpu)?;
+        let list = device
+            .running_compute_processes()
+            .map_err(|e| optional_error(CALL, e, format!("gpu {gpu}")))?;
+        Ok(list
+            .into_iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_memory_bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(bytes) => bytes,
+                    UsedGpuMemory::Unavailable => 0,
+                },
+                instance: p.gpu_instance_id.zip(p.compute_instance_id),
+            })
+            .collect())
+    }
+
+    fn process_utilization(
+        &self,
+        gpu: u32,
+        since_us: u64,
+    ) -> Result<Vec<ProcessUtilization>, DriverError> {
+        const CALL: &str = "nvmlDeviceGetProcessUtilization";
+        let device = self.device(gpu)?;
+        let samples = match device.process_utilization_stats(since_us) {
+            Ok(samples) => samples,
+            // NVML's answer when no process ran since `since_us`.
+            Err(NvmlError::NotFound) => Vec::new(),
+            Err(e) => return Err(optional_error(CALL, e, format!("gpu {gpu}"))),
+        };
+        Ok(samples
+            .into_iter()
+            .map(|s| ProcessUtilization {
+                pid: s.pid,
+                sm_percent: s.sm_util,
+                timestamp_us: s.timestamp,
+            })
+            .collect())
+    }
+
     fn mig_devices(&self, gpu: u32) -> Result<Vec<MigDevice>, DriverError> {
         let device = self.device(gpu)?;
         match device.mig_mode() {
@@ -533,6 +835,22 @@ mod tests {
         assert!(matches!(
             raw_error(e(nvml_raw::ERROR_IN_USE), "gpu 0"),
             DriverError::InUse(_)
+        ));
+        assert!(matches!(
+            raw_error(e(nvml_raw::ERROR_GPU_IS_LOST), "gpu 0"),
+            DriverError::GpuLost(_)
+        ));
+        assert!(matches!(
+            safe_error("nvmlDeviceGetUUID", NvmlError::GpuLost, "gpu 0"),
+            DriverError::GpuLost(_)
+        ));
+        assert!(matches!(
+            optional_error(
+                "nvmlDeviceGetProcessUtilization",
+                NvmlError::NotSupported,
+                "gpu 0"
+            ),
+            DriverError::NotSupported(_)
         ));
         let other = raw_error(e(999), "gpu 0");
         assert_eq!(

@@ -1,6 +1,8 @@
 //! Raw NVML calls that `nvml-wrapper`'s safe API does not cover (or covers wrongly):
 //! versioned GPU-instance profile info, possible placements, GPU- and
-//! compute-instance create/destroy/list, and MIG device handles.
+//! compute-instance create/destroy/list, MIG device handles, and event sets
+//! (the safe `EventSet` borrows `Nvml`, which a driver holding both cannot
+//! express, and its event data drops the MIG instance ids).
 //!
 //! This is the only module of the crate with `unsafe`. Every function here takes a
 //! safe [`Device`] (whose handle NVML gave out and which borrows the live [`Nvml`]),
@@ -16,9 +18,10 @@ use std::ptr;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::{
     NvmlLib, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstanceProfileInfo_v2_t,
-    nvmlComputeInstanceProfileInfo_v3_t, nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
-    nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t, nvmlGpuInstanceProfileInfo_v2_t,
-    nvmlGpuInstanceProfileInfo_v3_t, nvmlMemory_t, nvmlReturn_t,
+    nvmlComputeInstanceProfileInfo_v3_t, nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t,
+    nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+    nvmlGpuInstanceProfileInfo_t, nvmlGpuInstanceProfileInfo_v2_t, nvmlGpuInstanceProfileInfo_v3_t,
+    nvmlMemory_t, nvmlReturn_t,
 };
 
 /// `NVML_SUCCESS`.
@@ -27,6 +30,14 @@ pub(crate) const SUCCESS: nvmlReturn_t = 0;
 pub(crate) const ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
 /// `NVML_ERROR_NOT_SUPPORTED`.
 pub(crate) const ERROR_NOT_SUPPORTED: nvmlReturn_t = 3;
+/// `NVML_ERROR_TIMEOUT`.
+pub(crate) const ERROR_TIMEOUT: nvmlReturn_t = 10;
+/// `NVML_ERROR_GPU_IS_LOST`.
+pub(crate) const ERROR_GPU_IS_LOST: nvmlReturn_t = 15;
+/// `nvmlEventTypeXidCriticalError`.
+pub(crate) const EVENT_TYPE_XID_CRITICAL_ERROR: u64 = 0x8;
+/// `NVML_VALUE_NOT_AVAILABLE` as `unsigned int`: no MIG instance id.
+pub(crate) const VALUE_NOT_AVAILABLE_UINT: u32 = u32::MAX;
 /// `NVML_ERROR_NOT_FOUND`.
 pub(crate) const ERROR_NOT_FOUND: nvmlReturn_t = 6;
 /// `NVML_ERROR_INSUFFICIENT_SIZE`.
@@ -623,6 +634,112 @@ pub(crate) fn memory_total_v1(nvml: &Nvml, device: &Device<'_>) -> RawResult<u64
     let code = unsafe { f(handle(device), &mut memory) };
     check(lib, "nvmlDeviceGetMemoryInfo", code)?;
     Ok(memory.total)
+}
+
+/// A device's handle as a plain number, to match the device of an event
+/// ([`RawEvent::device`]) without keeping raw handles around.
+pub(crate) fn device_key(device: &Device<'_>) -> usize {
+    handle(device).addr()
+}
+
+/// An NVML event set, made by [`event_set_create`]; give it back with
+/// [`event_set_free`] before the `Nvml` it came from shuts down.
+#[derive(Debug)]
+pub(crate) struct RawEventSet {
+    set: nvmlEventSet_t,
+}
+
+// SAFETY: an event set is an opaque token the NVML library owns; NVML is
+// thread-safe, and this module only passes the token to NVML calls (never
+// dereferences it), so it may move to and be used from another thread.
+unsafe impl Send for RawEventSet {}
+
+/// One event as `nvmlEventSetWait_v2` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RawEvent {
+    /// [`device_key`] of the GPU the event happened on.
+    pub device: usize,
+    /// `nvmlEventType*` bit.
+    pub event_type: u64,
+    /// The XID, for an XID event.
+    pub data: u64,
+    /// GPU-instance id, or [`VALUE_NOT_AVAILABLE_UINT`].
+    pub gpu_instance_id: u32,
+    /// Compute-instance id, or [`VALUE_NOT_AVAILABLE_UINT`].
+    pub compute_instance_id: u32,
+}
+
+/// `nvmlEventSetCreate`.
+pub(crate) fn event_set_create(nvml: &Nvml) -> RawResult<RawEventSet> {
+    let lib = nvml.lib();
+    let f = sym!(lib, nvmlEventSetCreate);
+    let mut set: nvmlEventSet_t = ptr::null_mut();
+    // SAFETY: `set` is a writable handle slot.
+    let code = unsafe { f(&mut set) };
+    check(lib, "nvmlEventSetCreate", code)?;
+    Ok(RawEventSet { set })
+}
+
+/// `nvmlDeviceGetSupportedEventTypes`: the `nvmlEventType*` bits the GPU can report.
+pub(crate) fn supported_event_types(nvml: &Nvml, device: &Device<'_>) -> RawResult<u64> {
+    let lib = nvml.lib();
+    let f = sym!(lib, nvmlDeviceGetSupportedEventTypes);
+    let mut types: u64 = 0;
+    // SAFETY: the device handle is live; `types` is writable.
+    let code = unsafe { f(handle(device), &mut types) };
+    check(lib, "nvmlDeviceGetSupportedEventTypes", code)?;
+    Ok(types)
+}
+
+/// `nvmlDeviceRegisterEvents`: adds the GPU's events of `types` to `set`.
+pub(crate) fn register_events(
+    nvml: &Nvml,
+    device: &Device<'_>,
+    types: u64,
+    set: &RawEventSet,
+) -> RawResult<()> {
+    let lib = nvml.lib();
+    let f = sym!(lib, nvmlDeviceRegisterEvents);
+    // SAFETY: the device handle is live and `set.set` is a set this library made
+    // and has not freed (`event_set_free` consumes the `RawEventSet`).
+    let code = unsafe { f(handle(device), types, set.set) };
+    check(lib, "nvmlDeviceRegisterEvents", code)
+}
+
+/// `nvmlEventSetWait_v2` for up to `timeout_ms`: `Ok(None)` on `TIMEOUT`.
+pub(crate) fn event_set_wait(
+    nvml: &Nvml,
+    set: &RawEventSet,
+    timeout_ms: u32,
+) -> RawResult<Option<RawEvent>> {
+    let lib = nvml.lib();
+    let f = sym!(lib, nvmlEventSetWait_v2);
+    // SAFETY: all-zero (a NULL device handle included) is a valid value of this C struct.
+    let mut data: nvmlEventData_t = unsafe { mem::zeroed() };
+    // SAFETY: `set.set` is a live set of this library (see `register_events`);
+    // `data` is a valid, writable struct of the type the function fills.
+    let code = unsafe { f(set.set, &mut data, timeout_ms) };
+    if code == ERROR_TIMEOUT {
+        return Ok(None);
+    }
+    check(lib, "nvmlEventSetWait_v2", code)?;
+    Ok(Some(RawEvent {
+        device: data.device.addr(),
+        event_type: data.eventType,
+        data: data.eventData,
+        gpu_instance_id: data.gpuInstanceId,
+        compute_instance_id: data.computeInstanceId,
+    }))
+}
+
+/// `nvmlEventSetFree`.
+pub(crate) fn event_set_free(nvml: &Nvml, set: RawEventSet) -> RawResult<()> {
+    let lib = nvml.lib();
+    let f = sym!(lib, nvmlEventSetFree);
+    // SAFETY: `set.set` is a live set of this library, consumed here so it is
+    // never used again.
+    let code = unsafe { f(set.set) };
+    check(lib, "nvmlEventSetFree", code)
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
-use tessera_model::contract::{annotations, cluster};
+use tessera_model::contract::cluster;
 use thiserror::Error;
 
 /// How long a lease whose holder pod shows no bind phase still holds,
@@ -446,7 +446,9 @@ impl BindLocks {
             return LeaseState::Free;
         };
         match phase_of_bind(&pod, acquired) {
-            Some("allocating") => LeaseState::Held(holder),
+            Some(tessera_model::contract::annotations::bind_phase::ALLOCATING) => {
+                LeaseState::Held(holder)
+            }
             Some(_) => LeaseState::Free,
             None if unchanged < BIND_GRACE => LeaseState::Held(holder),
             None => LeaseState::Free,
@@ -455,13 +457,9 @@ impl BindLocks {
 }
 
 /// The pod's `bind-phase` if it was written for the bind that took the lock
-/// at `acquired`: its `bind-time` is no earlier (both are the lock holder's
-/// clock). A phase with no such `bind-time` is left from something else.
+/// at `acquired`: the shared rule [`tessera_model::sched::bind::phase_of_bind`].
 pub fn phase_of_bind(pod: &Pod, acquired: Timestamp) -> Option<&str> {
-    let annotations = pod.metadata.annotations.as_ref()?;
-    let phase = annotations.get(annotations::BIND_PHASE)?;
-    let time: Timestamp = annotations.get(annotations::BIND_TIME)?.parse().ok()?;
-    (time >= acquired).then_some(phase.as_str())
+    tessera_model::sched::bind::phase_of_bind(pod.metadata.annotations.as_ref()?, &acquired)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -27,14 +27,12 @@
 //! created relative to its parent's fd, its mode set explicitly on its fd
 //! afterwards (the process umask plays no part).
 
-use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
-use serde::{Deserialize, Serialize};
 use tessera_model::alloc::AllocId;
 use tessera_model::contract::node::{ACCOUNTING_SUBDIR, ALLOC_DIR, BINDING_FILE};
 use tessera_model::contract::vgpu::ACCOUNTING_FILE;
@@ -60,29 +58,9 @@ pub const ACCOUNTING_MODE: u32 = 0o755;
 /// Mode of the region file in it: every uid of the container shares it.
 pub const REGION_MODE: u32 = 0o666;
 
-/// What `binding.json` holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Binding {
-    /// The allocation.
-    pub alloc_id: String,
-    /// The OCI container id.
-    pub container_id: String,
-    /// The container's init pid in the host's pid namespace.
-    pub pid: u32,
-    /// The container's cgroup: the v2 path where the host has one in use, else
-    /// the `memory` (or first) v1 controller's path.
-    pub cgroup: String,
-    /// Every line of `/proc/<pid>/cgroup`: controllers (`""` for v2) → path.
-    pub cgroups: BTreeMap<String, String>,
-    /// The bundle directory.
-    pub bundle: String,
-    /// `cdi` when the runtime applied the spec, `legacy` when the hook did,
-    /// `binding` when the hook only recorded the binding.
-    pub mode: String,
-    /// When the record was written, seconds since the Unix epoch.
-    pub bound_at: u64,
-}
+/// What `binding.json` holds (defined in the model, which the device
+/// plugin reads it with).
+pub use tessera_model::alloc::BindingRecord as Binding;
 
 /// Picks the cgroup path for [`Binding::cgroup`] from `/proc/<pid>/cgroup` lines.
 pub fn preferred_cgroup(entries: &[CgroupEntry]) -> String {
@@ -357,6 +335,8 @@ fn read_file_at(dir: &OwnedFd, name: &str) -> io::Result<Option<Vec<u8>>> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::procfs::parse_cgroup;
     use crate::testing::mode_of;

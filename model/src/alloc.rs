@@ -129,6 +129,34 @@ impl std::str::FromStr for AllocId {
     }
 }
 
+/// What the hook's binding record (`<state_dir>/alloc/<id>/binding.json`)
+/// holds: which container holds which allocation. The hook writes it at
+/// container creation and removes it at poststop; the device plugin reads it
+/// (the reconciler, and the node monitor, which maps NVML's host pids to
+/// allocations by the init pid's pid namespace or by the cgroup).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BindingRecord {
+    /// The allocation.
+    pub alloc_id: String,
+    /// The OCI container id.
+    pub container_id: String,
+    /// The container's init pid in the host's pid namespace.
+    pub pid: u32,
+    /// The container's cgroup: the v2 path where the host has one in use, else
+    /// the `memory` (or first) v1 controller's path.
+    pub cgroup: String,
+    /// Every line of `/proc/<pid>/cgroup`: controllers (`""` for v2) → path.
+    pub cgroups: std::collections::BTreeMap<String, String>,
+    /// The bundle directory.
+    pub bundle: String,
+    /// `cdi` when the runtime applied the spec, `legacy` when the hook did,
+    /// `binding` when the hook only recorded the binding.
+    pub mode: String,
+    /// When the record was written, seconds since the Unix epoch.
+    pub bound_at: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -140,6 +140,16 @@ pub mod annotations {
     pub const BIND_PHASE: &str = "tessera.io/bind-phase";
     /// Pod (system): when the extender bound the pod (RFC 3339).
     pub const BIND_TIME: &str = "tessera.io/bind-time";
+
+    /// The values of [`BIND_PHASE`].
+    pub mod bind_phase {
+        /// The extender bound the pod; the device plugin has not answered yet.
+        pub const ALLOCATING: &str = "allocating";
+        /// The device plugin realized every container's reservation.
+        pub const SUCCESS: &str = "success";
+        /// The device plugin could not realize the reservation.
+        pub const FAILED: &str = "failed";
+    }
     /// Node: the GPU inventory written by the device plugin (JSON).
     pub const NODE_GPUS: &str = "tessera.io/node-gpus";
     /// Node: the device plugin's last handshake (RFC 3339).
@@ -172,6 +182,35 @@ pub mod cluster {
     pub const EXTENDER_METRICS_PORT: u16 = 31993;
     /// The device plugin's node-monitor metrics port.
     pub const PLUGIN_METRICS_PORT: u16 = 31992;
+}
+
+/// The kubelet device plugin API as Tessera's device plugin uses it.
+pub mod kubelet {
+    /// kubelet's directory on a node.
+    pub const DIR: &str = "/var/lib/kubelet";
+    /// The device plugin sockets' directory inside [`DIR`] (wiped by kubelet at start).
+    pub const DEVICE_PLUGINS_SUBDIR: &str = "device-plugins";
+    /// kubelet's Registration socket inside [`DEVICE_PLUGINS_SUBDIR`].
+    pub const REGISTRATION_SOCKET: &str = "kubelet.sock";
+    /// kubelet's PodResources directory inside [`DIR`].
+    pub const POD_RESOURCES_SUBDIR: &str = "pod-resources";
+    /// kubelet's PodResources socket inside [`POD_RESOURCES_SUBDIR`].
+    pub const POD_RESOURCES_SOCKET: &str = "kubelet.sock";
+    /// The device plugin's own socket inside [`DEVICE_PLUGINS_SUBDIR`].
+    pub const PLUGIN_SOCKET: &str = "tessera-gpu.sock";
+    /// The device plugin API version registered.
+    pub const API_VERSION: &str = "v1beta1";
+    /// A device's health as ListAndWatch reports it: healthy.
+    pub const HEALTHY: &str = "Healthy";
+    /// A device's health as ListAndWatch reports it: unhealthy.
+    pub const UNHEALTHY: &str = "Unhealthy";
+    /// The environment naming the node (the downward API's `spec.nodeName`).
+    pub const NODE_NAME_ENV: &str = "NODE_NAME";
+    /// XIDs that say nothing about the GPU itself (application errors), the
+    /// list NVIDIA's device plugin skips: logged, the GPU stays healthy.
+    pub const IGNORED_XIDS: &[u64] = &[13, 31, 43, 45, 68, 109];
+    /// Overrides [`IGNORED_XIDS`]: a comma-separated list (empty: none ignored).
+    pub const IGNORED_XIDS_ENV: &str = "TESSERA_IGNORED_XIDS";
 }
 
 #[cfg(test)]

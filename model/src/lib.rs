@@ -17,3 +17,4 @@ pub mod mig;
 pub mod proc;
 pub mod sched;
 pub mod vgpu;
+pub mod vgpu_region;

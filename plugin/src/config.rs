@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use tessera_model::sched::config::{MigAllowlistEntry, OperatingMode, default_mig_allowlist};
+
 /// How Allocate hands a container its devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CdiMode {
@@ -73,8 +75,13 @@ pub struct DeviceSettings {
     pub memory_scaling: f64,
     /// SM share a share GPU offers, × 100 %.
     pub cores_scaling: f64,
-    /// MIG profiles pods may get, per GPU model; empty: every profile.
-    pub mig_profile_allowlist: Vec<String>,
+    /// MIG profiles pods may get, per GPU model (`migProfileAllowlist`; the
+    /// most specific matching entry wins, a model no entry matches gets no
+    /// MIG instances); see [`DeviceSettings::allowed_profiles`].
+    pub mig_profile_allowlist: Vec<MigAllowlistEntry>,
+    /// The node's `operatingmode`: only share GPUs, only MIG GPUs, or (`None`)
+    /// each GPU by its MIG mode.
+    pub operating_mode: Option<OperatingMode>,
     /// GPUs never offered (uuids or indexes, HAMi's `filterdevices`).
     pub filter_uuids: Vec<String>,
     /// GPU indexes never offered.
@@ -87,10 +94,45 @@ impl Default for DeviceSettings {
             split_count: 10,
             memory_scaling: 1.0,
             cores_scaling: 1.0,
-            mig_profile_allowlist: Vec::new(),
+            mig_profile_allowlist: default_mig_allowlist(),
+            operating_mode: None,
             filter_uuids: Vec::new(),
             filter_indexes: Vec::new(),
         }
+    }
+}
+
+impl DeviceSettings {
+    /// The profile names allowed on a GPU whose product name is `model`
+    /// (the most specific matching allowlist entry's; between equally
+    /// specific entries the first), or `None`: no MIG profile on it.
+    pub fn allowed_profiles(&self, model: &str) -> Option<&[String]> {
+        let mut best: Option<(usize, &MigAllowlistEntry)> = None;
+        for entry in &self.mig_profile_allowlist {
+            let score = entry
+                .models
+                .iter()
+                .filter_map(|written| tessera_model::sched::gpu_type::specificity(written, model))
+                .max();
+            if let Some(score) = score
+                && best.is_none_or(|(b, _)| score > b)
+            {
+                best = Some((score, entry));
+            }
+        }
+        best.map(|(_, entry)| entry.profiles.as_slice())
+    }
+
+    /// Whether `filterdevices` leaves the GPU (NVML index and uuid) out; an
+    /// entry of the uuid list that is a number names an index (as HAMi
+    /// reads it).
+    pub fn filtered(&self, index: u32, uuid: &str) -> bool {
+        self.filter_indexes.contains(&index)
+            || self
+                .filter_uuids
+                .iter()
+                .map(|f| f.trim())
+                .any(|f| f == uuid || f.parse::<u32>().is_ok_and(|i| i == index))
     }
 }
 

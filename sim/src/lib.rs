@@ -7,6 +7,8 @@
 //! process that plays a part of the node, in particular the NVML stand-in
 //! (`tessera-sim-nvml`), which applies the simulated driver's rules from
 //! [`mig`] to it.
+//! [`health`] holds XID errors and lost GPUs, injected with `tessera-sim
+//! inject-xid` and `tessera-sim lose-gpu`.
 //! [`timeline`] reads the device timelines the CUDA stand-in
 //! (`tessera-sim-cuda`) shares between processes: the device time each
 //! process's kernels took, for judges that must not trust NVML's figure.
@@ -21,6 +23,7 @@ mod catalogue;
 pub mod clock;
 pub mod devnode;
 pub mod error;
+pub mod health;
 pub mod ids;
 pub mod libroot;
 pub mod mig;

@@ -43,6 +43,7 @@ pub fn shipped_profiles() -> &'static [(&'static str, &'static str)] {
 static SHIPPED: &[(&str, &str)] = &[
     ("demo", include_str!("../profiles/demo.toml")),
     ("mig-mixed", include_str!("../profiles/mig-mixed.toml")),
+    ("dynamic", include_str!("../profiles/dynamic.toml")),
     (
         "bench-8xh100",
         include_str!("../profiles/bench-8xh100.toml"),

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 
 use crate::SimError;
+use crate::health::Health;
 
 /// The state file format version this crate writes and reads.
 pub const STATE_VERSION: u32 = 1;
@@ -44,6 +45,10 @@ pub struct NodeState {
     /// Counter bumped for every generated MIG UUID, so a re-created compute
     /// instance gets a new UUID as on real hardware.
     pub serial: u64,
+    /// Lost GPUs and the XID/loss event log ([`crate::health`]); absent
+    /// from the file while nothing was ever recorded.
+    #[serde(default, skip_serializing_if = "Health::is_empty")]
+    pub health: Health,
 }
 
 /// One simulated GPU.
@@ -103,6 +108,7 @@ impl NodeState {
             cuda_driver_version: crate::DEFAULT_CUDA_DRIVER_VERSION,
             gpus: Vec::new(),
             serial: 0,
+            health: Health::default(),
         }
     }
 

@@ -123,3 +123,155 @@ fn create_then_show() {
         std::fs::read(&cuda).unwrap()
     );
 }
+
+/// A demo node's state file (no device nodes) in a temporary root.
+fn demo_state() -> (tempfile::TempDir, tessera_sim::state::StateStore) {
+    let tmp = tempfile::tempdir().expect("make a temporary directory");
+    let state = tessera_sim::profile::NodeProfile::load("demo")
+        .and_then(|p| p.node_state("demo"))
+        .expect("the demo profile lays out");
+    let store =
+        tessera_sim::state::StateStore::write_new(tmp.path(), &state).expect("write the state");
+    (tmp, store)
+}
+
+#[test]
+fn inject_xid_and_lose_gpu_record_events_in_order() {
+    let (tmp, store) = demo_state();
+    let run = |args: &[&str]| {
+        let out = sim()
+            .args(args)
+            .arg("--root")
+            .arg(tmp.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let state = store.read().unwrap();
+    let mig = &state.gpus[1];
+    let (gi, ci) = (
+        mig.gpu_instances[0].id,
+        mig.gpu_instances[0].compute_instances[0].id,
+    );
+    let line = run(&["inject-xid", "--gpu", "0", "--xid", "79"]);
+    assert_eq!(
+        line,
+        format!("GPU 0 {}: xid 79 (event 1)\n", state.gpus[0].uuid)
+    );
+    let line = run(&[
+        "inject-xid",
+        "--gpu",
+        &mig.uuid,
+        "--xid",
+        "48",
+        "--gi",
+        &gi.to_string(),
+        "--ci",
+        &ci.to_string(),
+    ]);
+    assert!(
+        line.contains(&format!("GI {gi} CI {ci}: xid 48 (event 2)")),
+        "{line}"
+    );
+    assert!(run(&["lose-gpu", "--gpu", "1"]).ends_with(": lost (event 3)\n"));
+    assert!(run(&["lose-gpu", "--gpu", "1"]).ends_with(": already lost\n"));
+    let health = store.read().unwrap().health;
+    assert_eq!(health.lost, [1]);
+    assert_eq!(
+        health
+            .events
+            .iter()
+            .map(|e| (e.seq, e.gpu))
+            .collect::<Vec<_>>(),
+        [(1, 0), (2, 1), (3, 1)]
+    );
+    assert_eq!(
+        health.events[1].kind,
+        tessera_sim::health::EventKind::Xid {
+            xid: 48,
+            instance: Some((gi, ci))
+        }
+    );
+    assert!(run(&["lose-gpu", "--gpu", "1", "--restore"]).ends_with(": answering (event 4)\n"));
+    assert!(store.read().unwrap().health.lost.is_empty());
+}
+
+#[test]
+fn bad_health_arguments_exit_2_with_one_line_and_change_nothing() {
+    let (tmp, store) = demo_state();
+    let before = std::fs::read(store.state_path()).unwrap();
+    for (args, needle) in [
+        (&["inject-xid", "--gpu", "7", "--xid", "79"][..], "--gpu 7"),
+        (
+            &["inject-xid", "--gpu", "GPU-nope", "--xid", "79"][..],
+            "--gpu GPU-nope",
+        ),
+        (&["inject-xid", "--gpu", "0", "--xid", "0"][..], "--xid"),
+        (&["inject-xid", "--gpu", "0", "--xid", "x79"][..], "--xid"),
+        (
+            &["inject-xid", "--gpu", "0", "--xid", "79", "--gi", "1"][..],
+            "--ci",
+        ),
+        (
+            &[
+                "inject-xid",
+                "--gpu",
+                "0",
+                "--xid",
+                "79",
+                "--gi",
+                "1",
+                "--ci",
+                "0",
+            ][..],
+            "MIG is off",
+        ),
+        (
+            &[
+                "inject-xid",
+                "--gpu",
+                "1",
+                "--xid",
+                "79",
+                "--gi",
+                "99",
+                "--ci",
+                "0",
+            ][..],
+            "--gi 99",
+        ),
+        (&["lose-gpu", "--gpu", "2"][..], "--gpu 2"),
+    ] {
+        let out = sim()
+            .args(args)
+            .arg("--root")
+            .arg(tmp.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    assert_eq!(std::fs::read(store.state_path()).unwrap(), before);
+}
+
+#[test]
+fn health_commands_without_a_node_exit_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = sim()
+        .args(["lose-gpu", "--gpu", "0", "--root"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("no simulated node at"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}

@@ -108,6 +108,12 @@ pub fn reclaim_dead(region: &Region) -> u64 {
     region.reclaim_dead()
 }
 
+/// What the node monitor last published for `slot` (see
+/// `tessera_model::vgpu_region`).
+pub fn published(region: &Region, slot: usize) -> tessera_model::vgpu_region::Published {
+    region.published(slot)
+}
+
 /// Pids of the container's processes registered in the region, read from
 /// the mapping (no file I/O; the SM limiter asks once per sampling period).
 pub fn live_pids(region: &Region) -> Vec<u32> {

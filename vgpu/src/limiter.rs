@@ -31,10 +31,18 @@
 //!   moves by at most ×4 per period. Until the first measurement launches
 //!   run unthrottled, and the watcher samples every [`FIRST_PERIOD`].
 //! - **Pids.** NVML reports host pids. In a container with its own pid
-//!   namespace, the container's pids differ, and no sample matches them;
-//!   then the utilization of *all* processes on the device is used, which
-//!   over-throttles when other tenants are busy but never lets this
-//!   container exceed its share. The simulated node has one pid namespace.
+//!   namespace, the container's pids differ, and no sample matches them.
+//!   Then the node monitor's figure is used: the device plugin maps NVML's
+//!   host pids to allocations on the host and publishes each allocation's
+//!   utilization into its accounting region (`tessera_model::vgpu_region`),
+//!   stamped with `CLOCK_MONOTONIC`. A figure at most
+//!   `vgpu_region::FRESH_MS` old is used when it is new since the last
+//!   period (an unchanged one waits for the next publication, as a period
+//!   without an NVML sample does). Only when there is no fresh figure (no
+//!   monitor, an older node, a time namespace) is the utilization of *all*
+//!   processes on the device used, which over-throttles when other tenants
+//!   are busy but never lets this container exceed its share. [`choose`]
+//!   is that decision.
 //! - **Off.** A limit of 0 or 100 limits nothing. Without NVML (one line
 //!   on stderr), or without a limited device, [`off`] is true for good, and
 //!   each launch wrapper is one relaxed atomic load and a tail call into
@@ -89,12 +97,68 @@ pub fn after_fork_in_child() {
     WATCHER_STARTED.store(false, Ordering::Relaxed);
 }
 
+/// What NVML's new samples on a device say about the container.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sampled {
+    /// Some of the container's pids appear: their summed utilization, percent.
+    Own(f64),
+    /// None of them appears (a pid namespace of its own): the whole
+    /// device's utilization, percent.
+    OthersOnly(f64),
+}
+
+/// The node monitor's published figure for a device, as the watcher finds it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Published {
+    /// Nothing fresh: never published, or older than `FRESH_MS`.
+    Stale,
+    /// Fresh, but the same publication the last period used.
+    Unchanged,
+    /// A fresh publication not used yet: the allocation's utilization, percent.
+    New(f64),
+}
+
+impl Published {
+    /// Classifies a device entry's figure at `now_ms`, given the stamp of the
+    /// publication used last (`last_seen_ms`, 0: none).
+    pub fn classify(
+        figure: &tessera_model::vgpu_region::Published,
+        last_seen_ms: u64,
+        now_ms: u64,
+    ) -> Published {
+        if !figure.is_fresh(now_ms) {
+            Published::Stale
+        } else if figure.at_ms == last_seen_ms {
+            Published::Unchanged
+        } else {
+            Published::New(figure.sm_percent())
+        }
+    }
+}
+
+/// The utilization the controller gets this period (`None`: no new
+/// measurement; the period is merged into the next one).
+///
+/// - the container's own pids are in NVML's samples: their sum;
+/// - otherwise a fresh figure from the node monitor: that figure when it is
+///   new, nothing when it is the one used already;
+/// - otherwise the whole device's utilization (over-throttles beside busy
+///   neighbours, never lets the container exceed its share).
+pub fn choose(sampled: Option<Sampled>, published: Published) -> Option<f64> {
+    match (sampled, published) {
+        (Some(Sampled::Own(util)), _) => Some(util),
+        (_, Published::New(util)) => Some(util),
+        (_, Published::Unchanged) => None,
+        (Some(Sampled::OthersOnly(total)), Published::Stale) => Some(total),
+        (None, Published::Stale) => None,
+    }
+}
+
 /// The measurement the controller is driven by.
 pub trait UtilSource {
-    /// SM utilization (percent of the device) of the processes in `pids` on
-    /// the device with `uuid` since the last call; `None` when there is no
-    /// new sample.
-    fn utilization(&mut self, uuid: &str, pids: &[u32]) -> Option<f64>;
+    /// What NVML's samples on the device with `uuid` since the last call say
+    /// about the processes in `pids`; `None` when there is no new sample.
+    fn utilization(&mut self, uuid: &str, pids: &[u32]) -> Option<Sampled>;
 }
 
 /// What the limiter needs from the layer above it: the process's runtime,
@@ -113,6 +177,10 @@ pub trait Host: Sync {
 /// A device's bucket and controller.
 pub struct DeviceLimiter {
     uuid: Option<String>,
+    /// The device's entry in the shared region (where the node monitor publishes).
+    slot: usize,
+    /// Stamp of the last published figure the watcher used (0: none).
+    published_seen: AtomicU64,
     bucket: Mutex<Bucket>,
     admitted: AtomicU64,
     controller: Mutex<ControlState>,
@@ -154,10 +222,9 @@ fn limiter_for(host: &dyn Host, ordinal: i32) -> Option<Arc<DeviceLimiter>> {
         .get_or_init(|| {
             let device = host.runtime().device(ordinal)?;
             let target = device.sm_limit?;
-            Some(Arc::new(DeviceLimiter::new(
-                device.uuid.clone(),
-                f64::from(target),
-            )))
+            let mut limiter = DeviceLimiter::new(device.uuid.clone(), f64::from(target));
+            limiter.slot = device.slot;
+            Some(Arc::new(limiter))
         })
         .clone()
 }
@@ -217,14 +284,26 @@ fn watch(host: &'static dyn Host) {
         }
         let pids = rt.container_pids();
         for limiter in limiters {
-            let util = limiter
+            let sampled = limiter
                 .uuid
                 .as_deref()
                 .and_then(|uuid| source.utilization(uuid, &pids));
+            let figure = rt.published(limiter.slot);
+            let published = Published::classify(
+                &figure,
+                limiter.published_seen.load(Ordering::Relaxed),
+                crate::accounting::monotonic_ms(),
+            );
+            let util = choose(sampled, published);
+            if matches!(published, Published::New(_)) {
+                limiter
+                    .published_seen
+                    .store(figure.at_ms, Ordering::Relaxed);
+            }
             limiter.tick(util, Instant::now());
             log::log(Level::Debug, || {
                 format!(
-                    "sm limiter {}: utilization {util:?} %, pids {pids:?}, rate {:.0} blocks/s",
+                    "sm limiter {}: nvml {sampled:?}, published {published:?}: utilization {util:?} %, pids {pids:?}, rate {:.0} blocks/s",
                     limiter.uuid.as_deref().unwrap_or("?"),
                     limiter.rate()
                 )
@@ -240,6 +319,8 @@ impl DeviceLimiter {
         let now = Instant::now();
         DeviceLimiter {
             uuid,
+            slot: 0,
+            published_seen: AtomicU64::new(0),
             bucket: Mutex::new(Bucket::new(f64::INFINITY, now)),
             admitted: AtomicU64::new(0),
             controller: Mutex::new(ControlState {
@@ -470,9 +551,10 @@ impl Controller {
 }
 
 /// Per-pid samples to a utilization: the average of each pid's new samples,
-/// summed over `pids`; all pids when none of `pids` appears (a container in
-/// its own pid namespace, see the module docs).
-pub fn container_utilization(samples: &[(u32, u32)], pids: &[u32]) -> Option<f64> {
+/// summed over `pids` ([`Sampled::Own`]); summed over all pids when none of
+/// `pids` appears ([`Sampled::OthersOnly`]: a container in its own pid
+/// namespace, see the module docs); `None` without samples.
+pub fn container_utilization(samples: &[(u32, u32)], pids: &[u32]) -> Option<Sampled> {
     if samples.is_empty() {
         return None;
     }
@@ -488,15 +570,14 @@ pub fn container_utilization(samples: &[(u32, u32)], pids: &[u32]) -> Option<f64
         .filter(|(pid, _)| pids.contains(pid))
         .map(|(_, s)| mean(s))
         .collect();
-    let total = if ours.is_empty() {
-        per_pid.values().map(mean).sum::<f64>()
-    } else {
-        ours.iter().sum::<f64>()
-    };
     // Not capped at 100: per-process samples are averaged over windows that
     // need not line up, so their sum can pass 100 for a while, and the
     // controller must see that excess to back off by the right amount.
-    Some(total)
+    Some(if ours.is_empty() {
+        Sampled::OthersOnly(per_pid.values().map(mean).sum::<f64>())
+    } else {
+        Sampled::Own(ours.iter().sum::<f64>())
+    })
 }
 
 #[cfg(test)]
@@ -588,8 +669,59 @@ mod tests {
     #[test]
     fn utilization_sums_the_containers_pids_or_all_when_none_match() {
         let samples = [(10, 20), (10, 40), (11, 10), (99, 50)];
-        assert_eq!(container_utilization(&samples, &[10, 11]), Some(40.0));
-        assert_eq!(container_utilization(&samples, &[7]), Some(90.0));
+        assert_eq!(
+            container_utilization(&samples, &[10, 11]),
+            Some(Sampled::Own(40.0))
+        );
+        assert_eq!(
+            container_utilization(&samples, &[7]),
+            Some(Sampled::OthersOnly(90.0))
+        );
         assert_eq!(container_utilization(&[], &[7]), None);
+    }
+
+    #[test]
+    fn own_pids_win_then_a_fresh_publication_then_the_whole_device() {
+        use Published::{New, Stale, Unchanged};
+        let own = Some(Sampled::Own(28.0));
+        let others = Some(Sampled::OthersOnly(60.0));
+        // Own pids visible: NVML's figure, whatever was published.
+        for p in [Stale, Unchanged, New(31.0)] {
+            assert_eq!(choose(own, p), Some(28.0), "{p:?}");
+        }
+        // Not visible: a new publication is the allocation's figure...
+        assert_eq!(choose(others, New(31.0)), Some(31.0));
+        assert_eq!(choose(None, New(31.0)), Some(31.0));
+        // ...one already used is no new measurement (not the whole device)...
+        assert_eq!(choose(others, Unchanged), None);
+        assert_eq!(choose(None, Unchanged), None);
+        // ...and without a fresh one, the whole device (today's fallback).
+        assert_eq!(choose(others, Stale), Some(60.0));
+        assert_eq!(choose(None, Stale), None);
+    }
+
+    #[test]
+    fn publications_are_classified_by_age_and_by_whether_they_were_used() {
+        use tessera_model::vgpu_region::Published as Figure;
+        let figure = Figure {
+            sm_permille: 300,
+            processes: 1,
+            at_ms: 50_000,
+            nvml_used: 0,
+        };
+        assert_eq!(
+            Published::classify(&figure, 0, 50_400),
+            Published::New(30.0)
+        );
+        assert_eq!(
+            Published::classify(&figure, 50_000, 50_400),
+            Published::Unchanged
+        );
+        assert_eq!(Published::classify(&figure, 0, 51_001), Published::Stale);
+        assert_eq!(
+            Published::classify(&Figure::default(), 0, 100),
+            Published::Stale,
+            "an old file: nothing published"
+        );
     }
 }

@@ -297,6 +297,15 @@ impl Runtime {
         }
     }
 
+    /// What the node monitor last published for `slot` (nothing, stamp 0,
+    /// when the region is not shared).
+    pub fn published(&self, slot: usize) -> tessera_model::vgpu_region::Published {
+        match self.accounting() {
+            Accounting::Shared(region) => backend::published(region, slot),
+            Accounting::Closed => tessera_model::vgpu_region::Published::default(),
+        }
+    }
+
     /// Pids of this container's processes known to the shared region (this
     /// process's own pid when the region is not shared).
     pub fn container_pids(&self) -> Vec<u32> {

@@ -5,6 +5,8 @@
 //!   plugin's report of a node's GPUs and MIG profiles), versioned, strict on read;
 //! - [`allocation`]: the pod annotation `tessera.io/allocation` (the
 //!   reservation the extender writes and the plugin realizes);
+//! - [`bind`]: the bind-phase rule (a phase counts for the bind that took
+//!   the node's lock only when its bind-time is no earlier);
 //! - [`config`]: the cluster configuration file (the shape of HAMi's device
 //!   ConfigMap plus its `nodeconfig` list), strict;
 //! - [`request`]: what a pod asks for, from its resources and annotations;
@@ -13,6 +15,7 @@
 //!   the reasons a node does not fit.
 
 pub mod allocation;
+pub mod bind;
 pub mod config;
 pub mod fit;
 pub mod gpu_type;

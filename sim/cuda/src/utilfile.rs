@@ -214,22 +214,26 @@ pub fn own_start_time() -> u64 {
 
 /// Whether `pid` is a live (not zombie) process started at `start_time`
 /// (0: not checked).
+///
+/// Files name processes by their host pid (the first `NSpid:` field, as the
+/// real driver reports them). A process in a pid namespace of its own cannot
+/// signal a host pid — `kill` would answer for whatever that number means in
+/// its namespace — but reads it where `/proc` is the host's. So `/proc`
+/// decides when it knows the pid, the signal only when it does not (the
+/// stand-in NVML's rule, `tessera_sim_nvml::util`).
 pub fn process_alive(pid: u32, start_time: u64) -> bool {
     let Ok(pid_t) = libc::pid_t::try_from(pid) else {
         return false;
     };
-    // SAFETY: kill with signal 0 only checks that the process exists.
-    let exists = unsafe { libc::kill(pid_t, 0) } == 0
-        || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-    if !exists {
-        return false;
-    }
     match std::fs::read(format!("/proc/{pid}/stat")) {
         // The kernel's format and Tessera's one liveness rule (model::proc):
         // sharing them hides no bug of the driver this stands in for.
         Ok(stat) => proc::parse_stat(&stat).is_none_or(|s| s.is_live_since(start_time)),
-        // Another pid namespace or a hidden /proc: trust kill.
-        Err(_) => true,
+        Err(_) => {
+            // SAFETY: kill with signal 0 only checks that the process exists.
+            let rc = unsafe { libc::kill(pid_t, 0) };
+            rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        }
     }
 }
 

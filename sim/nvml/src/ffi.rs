@@ -125,6 +125,46 @@ pub struct NvmlComputeInstanceSt {
 /// `nvmlComputeInstance_t`.
 pub type NvmlComputeInstance = *mut NvmlComputeInstanceSt;
 
+/// Opaque target of `nvmlEventSet_t`.
+#[repr(C)]
+pub struct NvmlEventSetSt {
+    _opaque: [u8; 0],
+}
+/// `nvmlEventSet_t`.
+pub type NvmlEventSet = *mut NvmlEventSetSt;
+
+/// `nvmlEventTypeXidCriticalError`: the only event type the simulated node raises.
+pub const EVENT_TYPE_XID_CRITICAL_ERROR: c_ulonglong = 0x8;
+
+/// `nvmlEventData_t` (the `_v2` wait's struct, with the MIG ids).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlEventData {
+    /// `device`: the physical GPU the event happened on.
+    pub device: NvmlDevice,
+    /// `eventType`: one `nvmlEventType*` bit.
+    pub event_type: c_ulonglong,
+    /// `eventData`: the XID for `nvmlEventTypeXidCriticalError`.
+    pub event_data: c_ulonglong,
+    /// `gpuInstanceId`: the GI an XID is attributed to, or [`VALUE_NOT_AVAILABLE_UINT`].
+    pub gpu_instance_id: c_uint,
+    /// `computeInstanceId`: the CI an XID is attributed to, or [`VALUE_NOT_AVAILABLE_UINT`].
+    pub compute_instance_id: c_uint,
+}
+
+/// The `nvmlEventData_t` of NVML before MIG (what the unversioned
+/// `nvmlEventSetWait` fills): no instance ids.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlEventDataV1 {
+    /// `device`.
+    pub device: NvmlDevice,
+    /// `eventType`.
+    pub event_type: c_ulonglong,
+    /// `eventData`.
+    pub event_data: c_ulonglong,
+}
+
 /// `NVML_STRUCT_VERSION(data, ver)`: `sizeof(struct) | ver << 24`.
 pub const fn struct_version(size: usize, version: u32) -> c_uint {
     (size as c_uint) | (version << 24)
@@ -462,6 +502,16 @@ mod tests {
         assert_eq!(offset_of!(NvmlProcessInfo, used_gpu_memory), 8);
         assert_eq!(offset_of!(NvmlProcessInfo, gpu_instance_id), 16);
         assert_eq!(offset_of!(NvmlProcessInfo, compute_instance_id), 20);
+    }
+
+    #[test]
+    fn event_structs_match_the_header_layout() {
+        assert_eq!(size_of::<NvmlEventData>(), 32);
+        assert_eq!(offset_of!(NvmlEventData, event_type), 8);
+        assert_eq!(offset_of!(NvmlEventData, event_data), 16);
+        assert_eq!(offset_of!(NvmlEventData, gpu_instance_id), 24);
+        assert_eq!(offset_of!(NvmlEventData, compute_instance_id), 28);
+        assert_eq!(size_of::<NvmlEventDataV1>(), 24);
     }
 
     #[test]

@@ -17,8 +17,9 @@
 //!
 //! The magic makes every handle a non-canonical x86-64 address, so it can
 //! never equal a real pointer and cannot be confused with one; `kind` is
-//! 1 = GPU, 2 = GPU instance, 3 = compute instance, 4 = MIG device. Fields a
-//! kind does not use must be zero. A MIG device handle names the compute
+//! 1 = GPU, 2 = GPU instance, 3 = compute instance, 4 = MIG device, 5 = event
+//! set (its 32-bit id across the GI and CI fields, the GPU field zero). Fields
+//! a kind does not use must be zero. A MIG device handle names the compute
 //! instance behind it, ⟨gpu, GI id, CI id⟩, not its MIG index, so it keeps
 //! naming the same device when others come and go. Decoding checks only the
 //! shape; whether the object exists is checked against the node state by the
@@ -40,6 +41,7 @@ const KIND_GPU: u64 = 1;
 const KIND_GPU_INSTANCE: u64 = 2;
 const KIND_COMPUTE_INSTANCE: u64 = 3;
 const KIND_MIG_DEVICE: u64 = 4;
+const KIND_EVENT_SET: u64 = 5;
 
 /// What an NVML handle names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,6 +76,11 @@ pub enum Handle {
         /// CI id within the GI.
         ci: u32,
     },
+    /// An event set (`nvmlEventSet_t`), by the id the library gave it.
+    EventSet {
+        /// The set's id (never 0).
+        id: u32,
+    },
 }
 
 impl Handle {
@@ -85,6 +92,7 @@ impl Handle {
             Handle::GpuInstance { gpu, gi } => (KIND_GPU_INSTANCE, gpu, gi, 0),
             Handle::ComputeInstance { gpu, gi, ci } => (KIND_COMPUTE_INSTANCE, gpu, gi, ci),
             Handle::MigDevice { gpu, gi, ci } => (KIND_MIG_DEVICE, gpu, gi, ci),
+            Handle::EventSet { id } => (KIND_EVENT_SET, 0, id >> 16, id & 0xFFFF),
         };
         let (gpu, gi, ci) = (u64::from(gpu), u64::from(gi), u64::from(ci));
         if gpu > GPU_MASK || gi > ID_MASK || ci > ID_MASK {
@@ -114,6 +122,9 @@ impl Handle {
             KIND_GPU_INSTANCE if ci == 0 => Some(Handle::GpuInstance { gpu, gi }),
             KIND_COMPUTE_INSTANCE => Some(Handle::ComputeInstance { gpu, gi, ci }),
             KIND_MIG_DEVICE => Some(Handle::MigDevice { gpu, gi, ci }),
+            KIND_EVENT_SET if gpu == 0 && (gi | ci) != 0 => Some(Handle::EventSet {
+                id: (gi << 16) | ci,
+            }),
             _ => None,
         }
     }
@@ -145,6 +156,8 @@ mod tests {
                 gi: 65535,
                 ci: 65535,
             },
+            Handle::EventSet { id: 1 },
+            Handle::EventSet { id: u32::MAX },
         ];
         for h in all {
             let v = h.encode().expect("fits");

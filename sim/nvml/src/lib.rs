@@ -18,8 +18,13 @@
 //! - `node`: the init reference count and the cached, stamp-checked node state.
 //! - `handle`, `lookup`: handles are tagged integers, checked on every call.
 //! - `profiles`: what NVML reports about profiles, from the model catalogue.
+//! - `events`: the event sets, delivering from the node's health log.
 //! - `util`: GPU processes, their memory and utilization, from the files the
 //!   CUDA stand-in publishes under the node root.
+//!
+//! A GPU marked lost (`tessera-sim lose-gpu`) answers every call that names
+//! it, or a MIG instance on it, with `NVML_ERROR_GPU_IS_LOST`, getting its
+//! handle by index or UUID included; `nvmlDeviceGetCount` still counts it.
 //!
 //! Every call before `nvmlInit*` (and after the matching `nvmlShutdown`)
 //! returns `NVML_ERROR_UNINITIALIZED`, except `nvmlErrorString`. `nvmlInit*`
@@ -51,6 +56,11 @@
 //! `nvmlDeviceGetUtilizationRates`, `nvmlDeviceGetComputeRunningProcesses_v3`;
 //! `nvmlDeviceGetMemoryInfo[_v2]` count their memory as used.
 //!
+//! Events (XIDs injected with `tessera-sim inject-xid`, see `events`):
+//! `nvmlEventSetCreate`, `nvmlDeviceRegisterEvents`,
+//! `nvmlDeviceGetSupportedEventTypes`, `nvmlEventSetWait_v2`,
+//! `nvmlEventSetWait`, `nvmlEventSetFree`.
+//!
 //! MIG: `nvmlDeviceGetGpuInstanceProfileInfo`,
 //! `nvmlDeviceGetGpuInstanceProfileInfoV`,
 //! `nvmlDeviceGetGpuInstancePossiblePlacements_v2`,
@@ -72,6 +82,7 @@
 
 pub mod ffi;
 
+mod events;
 mod exports;
 mod handle;
 mod lookup;

@@ -2,7 +2,8 @@
 //! node state it names (checking they still exist), and objects into handles.
 //!
 //! Any handle this library did not make, or whose object is gone, is
-//! `INVALID_ARGUMENT`. A valid MIG device handle given to a call that only
+//! `INVALID_ARGUMENT`; one naming a lost GPU (or an instance on it) is
+//! `GPU_IS_LOST`. A valid MIG device handle given to a call that only
 //! physical GPUs answer is `NOT_SUPPORTED` ("not supported by the device").
 
 use std::ptr;
@@ -10,8 +11,8 @@ use std::ptr;
 use tessera_sim::state::{NodeState, SimComputeInstance, SimGpu, SimGpuInstance};
 
 use crate::ffi::{
-    ERROR_INVALID_ARGUMENT, ERROR_NOT_SUPPORTED, ERROR_UNKNOWN, NvmlComputeInstance, NvmlDevice,
-    NvmlGpuInstance,
+    ERROR_GPU_IS_LOST, ERROR_INVALID_ARGUMENT, ERROR_NOT_SUPPORTED, ERROR_UNKNOWN,
+    NvmlComputeInstance, NvmlDevice, NvmlEventSet, NvmlGpuInstance,
 };
 use crate::handle::Handle;
 use crate::node::Res;
@@ -40,8 +41,15 @@ fn decode<T>(handle: *mut T) -> Res<Handle> {
     Handle::decode(handle.addr()).ok_or(ERROR_INVALID_ARGUMENT)
 }
 
-fn gpu(state: &NodeState, index: u32) -> Res<&SimGpu> {
-    state.gpu(index).ok_or(ERROR_INVALID_ARGUMENT)
+/// GPU `index`, checked to exist and to answer: a GPU marked lost
+/// (`tessera-sim lose-gpu`) is `GPU_IS_LOST` to every call naming it or
+/// anything on it.
+pub fn gpu(state: &NodeState, index: u32) -> Res<&SimGpu> {
+    let gpu = state.gpu(index).ok_or(ERROR_INVALID_ARGUMENT)?;
+    if state.health.is_lost(index) {
+        return Err(ERROR_GPU_IS_LOST);
+    }
+    Ok(gpu)
 }
 
 fn gpu_instance(gpu: &SimGpu, gi: u32) -> Res<&SimGpuInstance> {
@@ -131,4 +139,18 @@ pub fn gi_handle(gpu: u32, gi: u32) -> Res<NvmlGpuInstance> {
 /// The `nvmlComputeInstance_t` of CI `ci` of GI `gi` on GPU `gpu`.
 pub fn ci_handle(gpu: u32, gi: u32, ci: u32) -> Res<NvmlComputeInstance> {
     encode(Handle::ComputeInstance { gpu, gi, ci }).map(ptr::without_provenance_mut)
+}
+
+/// The `nvmlEventSet_t` of event set `id`.
+pub fn event_set_handle(id: u32) -> Res<NvmlEventSet> {
+    encode(Handle::EventSet { id }).map(ptr::without_provenance_mut)
+}
+
+/// The id of the event set `handle` names (whether it still exists is
+/// [`crate::events`]' to say).
+pub fn event_set_id(handle: NvmlEventSet) -> Res<u32> {
+    match decode(handle)? {
+        Handle::EventSet { id } => Ok(id),
+        _ => Err(ERROR_INVALID_ARGUMENT),
+    }
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tessera_sim::builder::{self, BuildOptions};
+use tessera_sim::health;
 use tessera_sim::profile::NodeProfile;
 use tessera_sim::report;
 use tessera_sim::state::StateStore;
@@ -78,6 +79,38 @@ enum Command {
         /// fractions over the window (default: cumulative figures now).
         #[arg(long)]
         window: Option<f64>,
+    },
+    /// Record an XID critical error on a GPU (optionally inside a MIG
+    /// instance); NVML event sets registered for XIDs deliver it.
+    InjectXid {
+        /// The node's root directory.
+        #[arg(long)]
+        root: PathBuf,
+        /// The GPU: NVML index or `GPU-…` uuid.
+        #[arg(long)]
+        gpu: String,
+        /// The XID number (positive).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        xid: u64,
+        /// GPU-instance id of the MIG instance the error is attributed to (needs --ci).
+        #[arg(long, requires = "ci")]
+        gi: Option<u32>,
+        /// Compute-instance id inside --gi (needs --gi).
+        #[arg(long, requires = "gi")]
+        ci: Option<u32>,
+    },
+    /// Mark a GPU as fallen off the bus (every NVML call naming it then fails
+    /// with GPU_IS_LOST), or with --restore make it answer again.
+    LoseGpu {
+        /// The node's root directory.
+        #[arg(long)]
+        root: PathBuf,
+        /// The GPU: NVML index or `GPU-…` uuid.
+        #[arg(long)]
+        gpu: String,
+        /// Restore the GPU instead.
+        #[arg(long)]
+        restore: bool,
     },
     /// Stand-in kube-apiserver: serve the Kubernetes REST API over HTTP.
     Apiserver(tessera_kube_apiserver::Args),
@@ -170,6 +203,18 @@ fn main() -> ExitCode {
             nvml_lib,
             cuda_lib,
         } => create(&profile, root, force, nvml_lib, cuda_lib),
+        Command::InjectXid {
+            root,
+            gpu,
+            xid,
+            gi,
+            ci,
+        } => {
+            return health_command("inject-xid", inject_xid(root, &gpu, xid, gi.zip(ci)));
+        }
+        Command::LoseGpu { root, gpu, restore } => {
+            return health_command("lose-gpu", lose_gpu(root, &gpu, !restore));
+        }
         Command::Profiles => Ok(report::list_profiles()),
         Command::Show { root } => show(root),
         Command::Timeline {
@@ -228,6 +273,59 @@ fn create(
     };
     let built = builder::build_node(&profile, &root, &opts)?;
     Ok(report::build_summary(&profile, &built))
+}
+
+/// Prints a health command's line, or its error: exit 2 when the arguments
+/// name nothing on the node or make no sense for it (the state is then
+/// unchanged), 1 when the node itself cannot be read or written.
+fn health_command(name: &str, result: Result<String, tessera_sim::SimError>) -> ExitCode {
+    use tessera_sim::SimError;
+    match result {
+        Ok(text) => {
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(e @ (SimError::NotFound(_) | SimError::InvalidArgument(_))) => {
+            eprintln!("tessera-sim {name}: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("tessera-sim {name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn inject_xid(
+    root: PathBuf,
+    gpu: &str,
+    xid: u64,
+    instance: Option<(u32, u32)>,
+) -> Result<String, tessera_sim::SimError> {
+    let store = StateStore::open(&root)?;
+    store.update(|state| {
+        let index = health::resolve_gpu(state, gpu)?;
+        let seq = health::inject_xid(state, index, xid, instance)?;
+        let uuid = state.gpu(index).map_or("", |g| g.uuid.as_str());
+        let place = instance.map_or(String::new(), |(gi, ci)| format!(" GI {gi} CI {ci}"));
+        Ok(format!(
+            "GPU {index} {uuid}{place}: xid {xid} (event {seq})\n"
+        ))
+    })
+}
+
+fn lose_gpu(root: PathBuf, gpu: &str, lost: bool) -> Result<String, tessera_sim::SimError> {
+    let store = StateStore::open(&root)?;
+    store.update(|state| {
+        let index = health::resolve_gpu(state, gpu)?;
+        let seq = health::set_lost(state, index, lost)?;
+        let uuid = state.gpu(index).map_or("", |g| g.uuid.as_str()).to_string();
+        let what = if lost { "lost" } else { "answering" };
+        Ok(match seq {
+            Some(seq) => format!("GPU {index} {uuid}: {what} (event {seq})\n"),
+            None => format!("GPU {index} {uuid}: already {what}\n"),
+        })
+    })
 }
 
 fn show(root: PathBuf) -> Result<String, tessera_sim::SimError> {

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{AccountingError, MAX_DEVICES, MAX_UUID_BYTES, SharedRegion};
+use super::{AccountingError, MAX_DEVICES, SharedRegion};
 
 impl SharedRegion {
     /// The region's index for the device with this UUID (`GPU-…`/`MIG-…`;
@@ -34,22 +34,10 @@ impl SharedRegion {
     }
 }
 
-/// The 64-bit key a UUID is stored under: FNV-1a of its lowercase body
-/// (without `GPU-`/`MIG-`), never 0.
+/// The 64-bit key a UUID is stored under (the model's, shared with the
+/// node monitor).
 fn uuid_hash(uuid: &str) -> Option<u64> {
-    let body = match uuid.get(..4) {
-        Some(p) if p.eq_ignore_ascii_case("GPU-") || p.eq_ignore_ascii_case("MIG-") => &uuid[4..],
-        _ => uuid,
-    };
-    if body.is_empty() || body.len() > MAX_UUID_BYTES {
-        return None;
-    }
-    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
-    for b in body.bytes() {
-        hash ^= u64::from(b.to_ascii_lowercase());
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    Some(hash.max(1))
+    tessera_model::vgpu_region::uuid_hash(uuid)
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 //!
 //! ```text
 //! header      64 B         magic "TSSRVGPU", layout version 2, sizes
-//! devices     16 × 64 B    per device: uuid hash, used bytes of the whole container
+//! devices     16 × 64 B    per device: uuid hash, used bytes of the whole container;
+//!                          the node monitor's published utilization, NVML memory, stamp
 //! slots     1024 × 192 B   per process: pid, start time, pid namespace, used bytes per device
 //! ```
 //!
@@ -80,22 +81,23 @@ mod usage;
 pub use error::AccountingError;
 pub use file::create_file;
 pub use region::SharedRegion;
+pub use usage::monotonic_ms;
 
 /// Devices one region accounts for: the contract's limit (16, HAMi-core's
 /// too). Part of the file's layout: [`layout`] checks the size it makes.
-pub const MAX_DEVICES: usize = tessera_model::contract::vgpu::MAX_DEVICES;
+pub const MAX_DEVICES: usize = tessera_model::vgpu_region::MAX_DEVICES;
 
 /// Processes one region can register at once.
-pub const MAX_PROCESSES: usize = 1024;
+pub const MAX_PROCESSES: usize = tessera_model::vgpu_region::MAX_PROCESSES;
 
 /// The layout version this library reads and writes.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = tessera_model::vgpu_region::LAYOUT_VERSION;
 
 /// First 8 bytes of a region file ("TSSRVGPU", little-endian).
-pub const MAGIC: u64 = u64::from_le_bytes(*b"TSSRVGPU");
+pub const MAGIC: u64 = tessera_model::vgpu_region::MAGIC;
 
 /// Longest device UUID [`SharedRegion::device_index`] accepts (after its prefix).
-pub const MAX_UUID_BYTES: usize = 64;
+pub const MAX_UUID_BYTES: usize = tessera_model::vgpu_region::MAX_UUID_BYTES;
 
 const NO_SLOT: u32 = u32::MAX;
 

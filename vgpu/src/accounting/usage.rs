@@ -93,6 +93,22 @@ impl SharedRegion {
             .map_or(0, |t| t.used.load(Ordering::Relaxed))
     }
 
+    /// What the node monitor last published for `device` (all zero, stamp
+    /// included, where none was: an older node, or no monitor). The stamp is
+    /// read first (acquire; the monitor stores it last).
+    pub fn published(&self, device: usize) -> tessera_model::vgpu_region::Published {
+        let Some(entry) = self.layout().devices.get(device) else {
+            return tessera_model::vgpu_region::Published::default();
+        };
+        let at_ms = entry.published_ms.load(Ordering::Acquire);
+        tessera_model::vgpu_region::Published {
+            sm_permille: entry.sm_permille.load(Ordering::Relaxed),
+            processes: entry.processes.load(Ordering::Relaxed),
+            at_ms,
+            nvml_used: entry.nvml_used.load(Ordering::Relaxed),
+        }
+    }
+
     /// Bytes this process has charged on `device`.
     pub fn process_used(&self, device: usize) -> u64 {
         match (self.current_slot(), device < MAX_DEVICES) {
@@ -100,6 +116,18 @@ impl SharedRegion {
             _ => 0,
         }
     }
+}
+
+/// `CLOCK_MONOTONIC` now, in milliseconds: the clock the node monitor
+/// stamps its published figures with (`tessera_model::vgpu_region`).
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid, writable timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1000) + (ts.tv_nsec as u64) / 1_000_000
 }
 
 /// Subtracts `bytes`, stopping at 0; returns the value before.
@@ -140,5 +168,39 @@ mod tests {
         assert!(!region.try_charge(0, 1, 1000), "over the limit: refused");
         region.uncharge(0, 1500);
         assert_eq!(region.used(0), 0);
+    }
+
+    #[test]
+    fn published_figures_are_read_at_the_models_offsets() {
+        use tessera_model::vgpu_region as model;
+        let (_dir, region) = temp_region("published", 2);
+        assert_eq!(region.published(1), model::Published::default(), "none yet");
+        // Write as the node monitor does: raw bytes at the model's offsets.
+        let base = region.layout.as_ptr().cast::<u8>();
+        let at = |off: usize| {
+            // SAFETY: off is inside the mapping (the model's offsets within
+            // SIZE) and naturally aligned for the field's atomic.
+            unsafe { base.add(model::device_offset(1) + off) }
+        };
+        // SAFETY: as above; atomics of the field's size at aligned offsets.
+        unsafe {
+            (*at(model::DEVICE_SM_PERMILLE).cast::<std::sync::atomic::AtomicU32>())
+                .store(305, Ordering::Relaxed);
+            (*at(model::DEVICE_PROCESSES).cast::<std::sync::atomic::AtomicU32>())
+                .store(2, Ordering::Relaxed);
+            (*at(model::DEVICE_NVML_USED).cast::<AtomicU64>()).store(4096, Ordering::Relaxed);
+            (*at(model::DEVICE_PUBLISHED_MS).cast::<AtomicU64>()).store(77, Ordering::Release);
+        }
+        assert_eq!(
+            region.published(1),
+            model::Published {
+                sm_permille: 305,
+                processes: 2,
+                at_ms: 77,
+                nvml_used: 4096
+            }
+        );
+        assert_eq!(region.published(0), model::Published::default());
+        assert_eq!(region.published(MAX_DEVICES), model::Published::default());
     }
 }

@@ -160,7 +160,7 @@ pub(super) fn nvml_source() -> Result<Box<dyn limiter::UtilSource>, String> {
 }
 
 impl limiter::UtilSource for NvmlSource {
-    fn utilization(&mut self, uuid: &str, pids: &[u32]) -> Option<f64> {
+    fn utilization(&mut self, uuid: &str, pids: &[u32]) -> Option<limiter::Sampled> {
         let device = match self.handles.get(uuid) {
             Some(&h) => h,
             None => {

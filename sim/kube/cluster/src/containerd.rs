@@ -364,9 +364,19 @@ impl Daemon {
     /// Imports the image archive and tags the image [`IMAGE`] (the image of
     /// pods and the sandbox image).
     pub fn import_image(&self, archive: &ImageArchive) -> Result<(), ContainerdError> {
+        self.import_image_as(archive, IMAGE)
+    }
+
+    /// Imports the image archive and tags the image `name` (e.g.
+    /// [`crate::image::CUDA_PROBE_IMAGE`]).
+    pub fn import_image_as(
+        &self,
+        archive: &ImageArchive,
+        name: &str,
+    ) -> Result<(), ContainerdError> {
         let path = archive.path.display().to_string();
         self.ctr(&["images", "import", "--snapshotter", "native", &path])?;
-        self.ctr(&["images", "tag", "--force", &archive.name, IMAGE])
+        self.ctr(&["images", "tag", "--force", &archive.name, name])
     }
 
     /// The daemon's directories.

@@ -20,6 +20,36 @@ use crate::containerd::{ContainerdError, run};
 /// The name every daemon holds the image under, and pods' YAML names.
 pub const IMAGE: &str = "localhost/tessera-sim/busybox:latest";
 
+/// The image that can run a CUDA program (`cluster up --cuda-probe FILE`):
+/// the busybox applets, the host's glibc (dynamic loader and the libraries
+/// the probe needs) and `tessera-cuda-probe` at [`CUDA_PROBE_PATH`]. The
+/// container gets `libcuda.so.1` (the simulator's stand-in) from its CDI
+/// spec, as from the NVIDIA driver on a real node.
+pub const CUDA_PROBE_IMAGE: &str = "localhost/tessera-sim/cuda-probe:latest";
+
+/// Where the cuda-probe image holds `tessera-cuda-probe`.
+pub const CUDA_PROBE_PATH: &str = "/usr/bin/tessera-cuda-probe";
+
+/// The host libraries the cuda-probe image always carries (those present),
+/// beside what `ldd` lists for the probe: glibc's loader and the libraries
+/// a preloaded or dlopened Rust cdylib needs.
+const GLIBC_LIBRARIES: &[&str] = &[
+    "ld-linux-x86-64.so.2",
+    "libc.so.6",
+    "libm.so.6",
+    "libdl.so.2",
+    "libpthread.so.0",
+    "librt.so.1",
+    "libgcc_s.so.1",
+];
+
+/// Where the cuda-probe image's libraries go (and where the host's are).
+const LIBRARY_DIR: &str = "lib/x86_64-linux-gnu";
+
+/// What changes the cuda-probe image (beside the bytes of its files).
+const CUDA_PROBE_RECIPE: &str =
+    "v1: busybox image + /lib/x86_64-linux-gnu glibc + /lib64 loader + /usr/bin/tessera-cuda-probe";
+
 /// Where the host's static busybox may be (`apt-get install busybox-static`).
 pub const BUSYBOX_PATHS: [&str; 2] = ["/bin/busybox", "/usr/bin/busybox"];
 
@@ -69,6 +99,120 @@ pub struct ImageArchive {
 /// The busybox image as an OCI archive in `cache_dir`, built there unless
 /// an archive of the same busybox and recipe already is.
 pub fn busybox_archive(cache_dir: &Path) -> Result<ImageArchive, ImageError> {
+    let busybox = static_busybox()?;
+    let key = fnv(&[
+        &fs::read(&busybox).map_err(io(&busybox))?,
+        RECIPE.as_bytes(),
+    ]);
+    cached(cache_dir, "busybox", key, |rootfs| {
+        busybox_rootfs(&busybox, rootfs)
+    })
+}
+
+/// The cuda-probe image ([`CUDA_PROBE_IMAGE`]) as an OCI archive in
+/// `cache_dir`, with `probe` (a dynamically linked `tessera-cuda-probe`) at
+/// [`CUDA_PROBE_PATH`]; built there unless an archive of the same files
+/// and recipe already is.
+pub fn cuda_probe_archive(cache_dir: &Path, probe: &Path) -> Result<ImageArchive, ImageError> {
+    let busybox = static_busybox()?;
+    let mut libraries: Vec<PathBuf> = GLIBC_LIBRARIES
+        .iter()
+        .map(|name| Path::new("/").join(LIBRARY_DIR).join(name))
+        .filter(|p| p.exists())
+        .collect();
+    for lib in ldd(probe)? {
+        if !libraries.iter().any(|l| l.file_name() == lib.file_name()) {
+            libraries.push(lib);
+        }
+    }
+    let mut parts: Vec<Vec<u8>> = vec![
+        fs::read(&busybox).map_err(io(&busybox))?,
+        fs::read(probe).map_err(io(probe))?,
+        CUDA_PROBE_RECIPE.as_bytes().to_vec(),
+    ];
+    for lib in &libraries {
+        parts.push(lib.display().to_string().into_bytes());
+        parts.push(fs::read(lib).map_err(io(lib))?);
+    }
+    let key = fnv(&parts.iter().map(Vec::as_slice).collect::<Vec<_>>());
+    cached(cache_dir, "cuda-probe", key, |rootfs| {
+        busybox_rootfs(&busybox, rootfs)?;
+        let lib_dir = rootfs.join(LIBRARY_DIR);
+        fs::create_dir_all(&lib_dir).map_err(io(&lib_dir))?;
+        for lib in &libraries {
+            let name = lib.file_name().unwrap_or_default();
+            let to = lib_dir.join(name);
+            // `fs::copy` follows the host's symlinks: the image gets files.
+            fs::copy(lib, &to).map_err(io(&to))?;
+        }
+        let lib64 = rootfs.join("lib64");
+        fs::create_dir_all(&lib64).map_err(io(&lib64))?;
+        let loader = lib64.join("ld-linux-x86-64.so.2");
+        symlink("../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", &loader).map_err(io(&loader))?;
+        for dir in ["usr/bin", "usr/lib/x86_64-linux-gnu", "usr/local/tessera"] {
+            let d = rootfs.join(dir);
+            fs::create_dir_all(&d).map_err(io(&d))?;
+        }
+        let to = rootfs.join(CUDA_PROBE_PATH.trim_start_matches('/'));
+        fs::copy(probe, &to).map_err(io(&to))?;
+        fs::set_permissions(&to, fs::Permissions::from_mode(0o755)).map_err(io(&to))?;
+        Ok(())
+    })
+}
+
+/// The libraries `ldd` resolves for `program` (absolute paths only: not
+/// the vDSO).
+fn ldd(program: &Path) -> Result<Vec<PathBuf>, ImageError> {
+    let out = Command::new("ldd")
+        .arg(program)
+        .output()
+        .map_err(io(program))?;
+    if !out.status.success() {
+        return Err(io(program)(std::io::Error::other(format!(
+            "ldd failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` or
+            // `/lib64/ld-linux-x86-64.so.2 (0x…)`.
+            let path = line.split("=>").last()?.split_whitespace().next()?;
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
+}
+
+fn static_busybox() -> Result<PathBuf, ImageError> {
+    BUSYBOX_PATHS
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.is_file() && is_static_elf(p))
+        .map(Path::to_path_buf)
+        .ok_or(ImageError::NoBusybox(BUSYBOX_PATHS))
+}
+
+/// FNV-1a over the parts, in order.
+fn fnv(parts: &[&[u8]]) -> u64 {
+    parts
+        .iter()
+        .flat_map(|p| p.iter())
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+}
+
+/// The archive `<cache_dir>/<kind>-<key>.oci.tar`, built with `populate`
+/// (which fills the root filesystem) unless it exists; under the cache
+/// directory's lock.
+fn cached(
+    cache_dir: &Path,
+    kind: &str,
+    key: u64,
+    populate: impl FnOnce(&Path) -> Result<(), ImageError>,
+) -> Result<ImageArchive, ImageError> {
     let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     fs::create_dir_all(cache_dir).map_err(io(cache_dir))?;
     let lock_path = cache_dir.join(".lock");
@@ -80,33 +224,24 @@ pub fn busybox_archive(cache_dir: &Path) -> Result<ImageArchive, ImageError> {
         .map_err(io(&lock_path))?;
     rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
         .map_err(|e| io(&lock_path)(e.into()))?;
-
-    let busybox = BUSYBOX_PATHS
-        .into_iter()
-        .map(Path::new)
-        .find(|p| p.is_file() && is_static_elf(p))
-        .ok_or(ImageError::NoBusybox(BUSYBOX_PATHS))?;
-    let key = fs::read(busybox)
-        .map_err(io(busybox))?
-        .iter()
-        .chain(RECIPE.as_bytes())
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
     // A tag of its own, so a build never clobbers an image someone else uses.
-    let tag = format!("localhost/tessera-sim/busybox-build:{key:016x}");
+    let tag = format!("localhost/tessera-sim/{kind}-build:{key:016x}");
     let archive = ImageArchive {
-        path: cache_dir.join(format!("busybox-{key:016x}.oci.tar")),
+        path: cache_dir.join(format!("{kind}-{key:016x}.oci.tar")),
         name: tag.clone(),
     };
     if archive.path.exists() {
         return Ok(archive);
     }
-    tracing::info!(archive = %archive.path.display(), "building the busybox image");
+    tracing::info!(archive = %archive.path.display(), "building the {kind} image");
 
     let work = cache_dir.join(format!(".work-{}", std::process::id()));
     let _ = fs::remove_dir_all(&work);
-    let result = build(busybox, &work, &tag, &archive);
+    let rootfs = work.join("rootfs");
+    let result = fs::create_dir_all(&rootfs)
+        .map_err(io(&rootfs))
+        .and_then(|()| populate(&rootfs))
+        .and_then(|()| build(&work, &tag, &archive));
     let _ = fs::remove_dir_all(&work);
     result.map(|()| archive)
 }
@@ -149,8 +284,9 @@ fn elf_is_static(b: &[u8]) -> bool {
     })
 }
 
-fn build(busybox: &Path, work: &Path, tag: &str, archive: &ImageArchive) -> Result<(), ImageError> {
-    let rootfs = work.join("rootfs");
+/// The busybox root filesystem: `/bin/busybox` and a link per applet, the
+/// usual empty directories.
+fn busybox_rootfs(busybox: &Path, rootfs: &Path) -> Result<(), ImageError> {
     let bin = rootfs.join("bin");
     fs::create_dir_all(&bin).map_err(io(&bin))?;
     fs::copy(busybox, bin.join("busybox")).map_err(io(&bin))?;
@@ -178,6 +314,12 @@ fn build(busybox: &Path, work: &Path, tag: &str, archive: &ImageArchive) -> Resu
     }
     let tmp = rootfs.join("tmp");
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)).map_err(io(&tmp))?;
+    Ok(())
+}
+
+/// `<work>/rootfs` → an image tagged `tag` → the OCI archive.
+fn build(work: &Path, tag: &str, archive: &ImageArchive) -> Result<(), ImageError> {
+    let rootfs = work.join("rootfs");
     let tar = work.join("rootfs.tar");
     run(
         Command::new("tar")
@@ -223,6 +365,11 @@ fn build(busybox: &Path, work: &Path, tag: &str, archive: &ImageArchive) -> Resu
 /// user of podman) and tags the image [`IMAGE`], for kubelets running pods
 /// with podman.
 pub fn load_into_podman(archive: &ImageArchive) -> Result<(), ImageError> {
+    load_into_podman_as(archive, IMAGE)
+}
+
+/// Loads the archive into podman's image store and tags the image `name`.
+pub fn load_into_podman_as(archive: &ImageArchive, name: &str) -> Result<(), ImageError> {
     run(
         Command::new("podman")
             .args(["load", "-q", "-i"])
@@ -230,7 +377,7 @@ pub fn load_into_podman(archive: &ImageArchive) -> Result<(), ImageError> {
         "podman load",
     )?;
     run(
-        Command::new("podman").args(["tag", &archive.name, IMAGE]),
+        Command::new("podman").args(["tag", &archive.name, name]),
         "podman tag",
     )?;
     Ok(())

@@ -86,6 +86,16 @@ pub struct UpArgs {
     /// of the kubelets (repeatable), e.g. `--podman-arg=--runtime=/usr/sbin/runc`.
     #[arg(long = "podman-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub podman_args: Vec<String>,
+    /// With containerd: CDI off (`enable_cdi = false`), a runtime without
+    /// CDI, for device plugins that answer Allocate natively (devices,
+    /// mounts, envs).
+    #[arg(long)]
+    pub no_cdi: bool,
+    /// Also build the cuda-probe image (`localhost/tessera-sim/cuda-probe:latest`:
+    /// busybox, the host's glibc and this `tessera-cuda-probe`) and import it
+    /// into every node's runtime.
+    #[arg(long, value_name = "FILE")]
+    pub cuda_probe: Option<PathBuf>,
     /// Seconds to wait for every node to be Ready.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub ready_timeout: u64,
@@ -280,11 +290,15 @@ fn forwarded(args: &UpArgs) -> Vec<std::ffi::OsString> {
     for arg in &args.podman_args {
         out.push(format!("--podman-arg={arg}").into());
     }
+    if args.no_cdi {
+        out.push("--no-cdi".into());
+    }
     let paths = [
         ("--scheduler-config", &args.scheduler_config),
         ("--containerd-bin-dir", &args.containerd_bin_dir),
         ("--hook-path", &args.hook_path),
         ("--image-dir", &args.image_dir),
+        ("--cuda-probe", &args.cuda_probe),
     ];
     for (flag, value) in paths {
         if let Some(v) = value {
@@ -660,8 +674,23 @@ async fn bring_up(cluster: &mut Cluster, args: &UpArgs) -> Result<(), Error> {
             image::busybox_archive(&dir)
         })?)
     };
+    let probe_archive = match (&args.cuda_probe, &image_archive) {
+        (Some(probe), Some(busybox)) => {
+            let probe = absolute(probe, "--cuda-probe")?;
+            let dir = busybox.path.parent().unwrap_or(&root).to_owned();
+            Some(tokio::task::block_in_place(|| {
+                image::cuda_probe_archive(&dir, &probe)
+            })?)
+        }
+        _ => None,
+    };
     if let (Runtime::Podman, Some(archive)) = (args.runtime, &image_archive) {
         tokio::task::block_in_place(|| image::load_into_podman(archive))?;
+        if let Some(probe) = &probe_archive {
+            tokio::task::block_in_place(|| {
+                image::load_into_podman_as(probe, image::CUDA_PROBE_IMAGE)
+            })?;
+        }
     }
     let containerd_bin = args
         .containerd_bin_dir
@@ -708,7 +737,7 @@ async fn bring_up(cluster: &mut Cluster, args: &UpArgs) -> Result<(), Error> {
         if let (Runtime::Containerd, Some(archive)) = (args.runtime, &image_archive) {
             let dirs = DaemonDirs::new(&dir.join("containerd"));
             let options = Options {
-                enable_cdi: true,
+                enable_cdi: !args.no_cdi,
                 cdi_spec_dirs: vec![cdi_dir],
                 ..Options::default()
             };
@@ -721,6 +750,9 @@ async fn bring_up(cluster: &mut Cluster, args: &UpArgs) -> Result<(), Error> {
                     Duration::from_secs(30),
                 )?;
                 daemon.import_image(archive)?;
+                if let Some(probe) = &probe_archive {
+                    daemon.import_image_as(probe, image::CUDA_PROBE_IMAGE)?;
+                }
                 Ok::<_, Error>(daemon)
             })?;
             node.containerd_dir = Some(dirs.base.clone());
@@ -764,6 +796,11 @@ async fn bring_up(cluster: &mut Cluster, args: &UpArgs) -> Result<(), Error> {
             "--kubeconfig".into(),
             kubeconfig.clone().into(),
         ];
+        if args.runtime != Runtime::DryRun {
+            // Simulation only: the node root stands in for the kernel
+            // driver every container of a real GPU node sees.
+            kubelet_args.extend(["--sim-node-root".into(), node.dir.clone().into()]);
+        }
         match (args.runtime, &node.cri_endpoint) {
             (Runtime::Containerd, Some(endpoint)) => {
                 kubelet_args.extend(["--cri-endpoint".into(), endpoint.into()]);

@@ -80,6 +80,13 @@ pub struct Args {
     /// The node's InternalIP (and the pods' IP: they run on the host network).
     #[arg(long, default_value = "127.0.0.1")]
     pub node_ip: String,
+    /// Simulation only, standing in for the kernel driver every container
+    /// of a real GPU node sees: give each container a read-write bind mount
+    /// of this simulated node root at the same path and
+    /// `TESSERA_SIM_ROOT=<DIR>`, so the stand-in driver libraries inside it
+    /// serve this node.
+    #[arg(long, value_name = "DIR")]
+    pub sim_node_root: Option<PathBuf>,
 }
 
 /// What stops `tessera-sim kubelet`.
@@ -238,6 +245,14 @@ async fn run_async(args: Args) -> Result<(), Error> {
             message: "empty node name".to_owned(),
         });
     }
+    if let Some(dir) = &args.sim_node_root
+        && !dir.is_absolute()
+    {
+        return Err(Error::Flag {
+            flag: "sim-node-root",
+            message: format!("{}: not an absolute path", dir.display()),
+        });
+    }
     let client = client(&args.kubeconfig).await?;
     let rt = container_runtime(&args)?;
     let version = runtime_version(rt.as_ref()).await?;
@@ -275,6 +290,7 @@ async fn run_async(args: Args) -> Result<(), Error> {
         host_ip: args.node_ip.clone(),
         cgroup_parent: args.cgroup_parent.clone(),
         node_resources: Arc::clone(&node_resources),
+        sim_node_root: args.sim_node_root.clone(),
     });
     let workers = PodWorkers::new(ctx, client.clone(), found);
     let tasks = vec![

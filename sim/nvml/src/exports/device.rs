@@ -52,13 +52,14 @@ unsafe fn handle_by_index(index: c_uint, device: *mut NvmlDevice) -> NvmlReturn 
     // SAFETY: the caller's contract.
     unsafe {
         answer(device, |s| {
-            let gpu = s.gpu(index).ok_or(ERROR_INVALID_ARGUMENT)?;
+            let gpu = lookup::gpu(s, index)?;
             lookup::gpu_handle(gpu.index)
         })
     }
 }
 
-/// `nvmlDeviceGetHandleByIndex_v2`: `INVALID_ARGUMENT` past the last GPU.
+/// `nvmlDeviceGetHandleByIndex_v2`: `INVALID_ARGUMENT` past the last GPU,
+/// `GPU_IS_LOST` for a lost one (`nvmlDeviceGetCount` still counts it).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
@@ -79,7 +80,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
 }
 
 /// `nvmlDeviceGetHandleByUUID`: a GPU by `GPU-…` or a MIG device by `MIG-…`;
-/// `NOT_FOUND` when no device has it.
+/// `NOT_FOUND` when no device has it, `GPU_IS_LOST` when its GPU is lost.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
@@ -90,11 +91,12 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
         // unchanged during the call.
         let uuid = unsafe { out::read_str(uuid) }?;
         if let Some(gpu) = s.gpu_by_uuid(uuid) {
-            return lookup::gpu_handle(gpu.index);
+            return lookup::gpu_handle(lookup::gpu(s, gpu.index)?.index);
         }
         for gpu in &s.gpus {
             for gi in &gpu.gpu_instances {
                 if let Some(ci) = gi.compute_instances.iter().find(|ci| ci.uuid == uuid) {
+                    lookup::gpu(s, gpu.index)?;
                     return lookup::mig_handle(gpu.index, gi.id, ci.id);
                 }
             }
@@ -290,6 +292,7 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(
         }
         let index = node::read(|s| lookup::physical_gpu_index(s, device))?;
         let status = node::update(|s| {
+            lookup::gpu(s, index)?;
             let gpu = s.gpu_mut(index).ok_or(ERROR_INVALID_ARGUMENT)?;
             match tessera_sim::mig::set_mig_mode(gpu, enable) {
                 Ok(()) => Ok(SUCCESS),

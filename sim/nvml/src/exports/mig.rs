@@ -269,6 +269,7 @@ fn create_gpu_instance(
         Ok(gpu.index)
     })?;
     let gi = node::update(|s| {
+        lookup::gpu(s, index)?;
         let gpu = s.gpu_mut(index).ok_or(ERROR_INVALID_ARGUMENT)?;
         let sim = |e: tessera_sim::SimError| node::sim_code(&e);
         let start = match placement {
@@ -328,6 +329,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceDestroy(gpu_instance: NvmlGpuInstance) -
         node::update(|s| {
             let (gpu, gi) = lookup::gpu_instance_of(s, gpu_instance)?;
             let (index, gi) = (gpu.index, gi.id);
+            lookup::gpu(s, index)?;
             let gpu = s.gpu_mut(index).ok_or(ERROR_INVALID_ARGUMENT)?;
             tessera_sim::mig::destroy_gpu_instance(gpu, gi).map_err(|e| node::sim_code(&e))
         })
@@ -671,6 +673,7 @@ pub unsafe extern "C" fn nvmlComputeInstanceDestroy(
         node::update(|s| {
             let (gpu, gi, ci) = lookup::compute_instance_of(s, compute_instance)?;
             let (index, gi, ci) = (gpu.index, gi.id, ci.id);
+            lookup::gpu(s, index)?;
             let gpu = s.gpu_mut(index).ok_or(ERROR_INVALID_ARGUMENT)?;
             tessera_sim::mig::destroy_compute_instance(gpu, gi, ci).map_err(|e| node::sim_code(&e))
         })

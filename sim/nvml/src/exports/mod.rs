@@ -23,6 +23,7 @@ use crate::node::{self, Res};
 use crate::out;
 
 pub mod device;
+pub mod event;
 pub mod mig;
 pub mod process;
 pub mod system;

@@ -30,6 +30,11 @@ pub mod worker;
 /// Why admission failed, as kubelet's pod status says it.
 pub const UNEXPECTED_ADMISSION_ERROR: &str = "UnexpectedAdmissionError";
 
+/// The variable naming the simulated node root to the stand-in driver
+/// libraries (`--sim-node-root`); the same name as `tessera-sim`'s
+/// `libroot::ROOT_ENV` (this crate knows nothing of the simulator).
+pub const SIM_ROOT_ENV: &str = "TESSERA_SIM_ROOT";
+
 /// The first restart back-off; it doubles up to [`MAX_BACKOFF`].
 pub const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest restart back-off.
@@ -57,6 +62,10 @@ pub struct NodeContext {
     pub cgroup_parent: String,
     /// The node's allocatable and the requests of its admitted pods.
     pub node_resources: Arc<admission::NodeResources>,
+    /// Simulation only (`--sim-node-root`): the simulated node root every
+    /// container gets bind-mounted read-write at the same path, with
+    /// `TESSERA_SIM_ROOT` naming it (the stand-in for the kernel driver).
+    pub sim_node_root: Option<PathBuf>,
 }
 
 /// A Kubernetes Event the worker posts for the pod.
@@ -449,6 +458,24 @@ impl PodState {
         for (k, v) in &allocation.envs {
             envs.push((k.clone(), v.clone()));
         }
+        let mut mounts: Vec<Mount> = allocation
+            .mounts
+            .iter()
+            .map(|m| Mount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                readonly: m.read_only,
+            })
+            .collect();
+        if let Some(root) = &ctx.sim_node_root {
+            let root = root.display().to_string();
+            envs.push((SIM_ROOT_ENV.to_owned(), root.clone()));
+            mounts.push(Mount {
+                container_path: root.clone(),
+                host_path: root,
+                readonly: false,
+            });
+        }
         let mut container_labels = BTreeMap::new();
         container_labels.insert(labels::POD_NAME.to_owned(), self.name.clone());
         container_labels.insert(labels::POD_NAMESPACE.to_owned(), self.namespace.clone());
@@ -463,15 +490,7 @@ impl PodState {
             args: container.args.clone().unwrap_or_default(),
             working_dir: container.working_dir.clone().unwrap_or_default(),
             envs,
-            mounts: allocation
-                .mounts
-                .iter()
-                .map(|m| Mount {
-                    container_path: m.container_path.clone(),
-                    host_path: m.host_path.clone(),
-                    readonly: m.read_only,
-                })
-                .collect(),
+            mounts,
             devices: allocation
                 .devices
                 .iter()

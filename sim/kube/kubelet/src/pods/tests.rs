@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::admission::NodeResources;
-use super::{NodeContext, PodState, UNEXPECTED_ADMISSION_ERROR};
+use super::{NodeContext, PodState, SIM_ROOT_ENV, UNEXPECTED_ADMISSION_ERROR};
 use crate::devices::DeviceManager;
 use crate::runtime::ContainerRuntime;
 use crate::runtime::recording::RecordingRuntime;
@@ -42,6 +42,7 @@ async fn fixture() -> Fixture {
             ("ephemeral-storage", "100Gi"),
             ("pods", "110"),
         ]))),
+        sim_node_root: None,
     };
     Fixture { rt, ctx, _dir: dir }
 }
@@ -196,6 +197,47 @@ async fn create_container_carries_the_pod_spec() {
     assert_eq!(config["envs"], serde_json::json!([["GREETING", "hello"]]));
     assert_eq!(config["labels"]["io.kubernetes.container.name"], "main");
     assert_eq!(config["log_path"], "main/0.log");
+}
+
+/// `--sim-node-root`: every container gets the node root bind-mounted
+/// read-write at the same path and `TESSERA_SIM_ROOT` naming it, after its
+/// own env; without the flag, neither.
+#[tokio::test]
+async fn a_sim_node_root_is_mounted_into_every_container() {
+    let mut fx = fixture().await;
+    let root = fx.ctx.root.clone();
+    let p = pod("plain", "Never", vec![container("main", &["true"])]);
+    PodState::new(&p).sync(&fx.ctx, &p).await;
+    let plain = created_configs(&fx.rt, Some("plain"));
+    assert_eq!(plain[0]["mounts"], serde_json::json!([]), "{}", plain[0]);
+    assert_eq!(plain[0]["envs"], serde_json::json!([]), "{}", plain[0]);
+
+    fx.ctx.sim_node_root = Some(root.clone());
+    let mut c = container("main", &["true"]);
+    c.env = Some(vec![EnvVar {
+        name: "OWN".to_owned(),
+        value: Some("1".to_owned()),
+        value_from: None,
+    }]);
+    let p = pod("sim", "Never", vec![c, container("second", &["true"])]);
+    PodState::new(&p).sync(&fx.ctx, &p).await;
+    let configs = created_configs(&fx.rt, Some("sim"));
+    assert_eq!(names(&configs), ["main", "second"]);
+    let root = root.display().to_string();
+    for config in &configs {
+        assert_eq!(
+            config["mounts"],
+            serde_json::json!([{"container_path": root, "host_path": root, "readonly": false}]),
+            "{config}"
+        );
+        let envs = config["envs"].as_array().cloned().unwrap_or_default();
+        assert_eq!(
+            envs.last(),
+            Some(&serde_json::json!([SIM_ROOT_ENV, root])),
+            "{config}"
+        );
+    }
+    assert_eq!(configs[0]["envs"][0], serde_json::json!(["OWN", "1"]));
 }
 
 fn requesting(name: &str, policy: &str, resources: &[(&str, &str)]) -> Pod {
