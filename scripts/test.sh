@@ -54,3 +54,4 @@ TESSERA_BENCH_QUICK=1 bash scripts/bench-vgpu.sh
 TESSERA_BENCH_QUICK=1 bash scripts/bench-sm-limit.sh
 TESSERA_BENCH_QUICK=1 bash scripts/bench-apiserver.sh
 TESSERA_BENCH_QUICK=1 bash scripts/bench-extender.sh
+TESSERA_BENCH_QUICK=1 bash scripts/bench-plugin.sh

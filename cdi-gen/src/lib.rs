@@ -13,12 +13,12 @@ pub mod writer;
 use std::path::{Path, PathBuf};
 
 use tessera_driver::DriverError;
-use tessera_driver::discover::DiscoverError;
+use tessera_driver::discover::{DiscoverError, Layout};
 use tessera_driver::nvml::NvmlDriver;
 use tessera_model::cdi::{Spec, SpecError};
 use tessera_model::contract;
 use tessera_model::edits::{self, HookSettings};
-use tessera_model::facts::NodeFacts;
+use tessera_model::facts::{LibraryGroups, NodeFacts};
 
 /// Errors of the generator library; each renders as one line.
 #[derive(Debug, thiserror::Error)]
@@ -74,17 +74,20 @@ pub fn load_driver(driver_root: &Path, nvml_lib: Option<&Path>) -> Result<NvmlDr
     Ok(NvmlDriver::load(&lib)?)
 }
 
-/// Finds host facts under `driver_root` through the NVML that [`load_driver`] loads.
-pub fn discover_node(
-    driver_root: &Path,
-    nvml_lib: Option<&Path>,
-) -> Result<NodeFacts, CdiGenError> {
-    let driver = load_driver(driver_root, nvml_lib)?;
-    Ok(tessera_driver::discover::discover(driver_root, &driver)?)
+/// Finds host facts in `layout` through the NVML that [`load_driver`] loads
+/// from its driver root.
+pub fn discover_node(layout: &Layout, nvml_lib: Option<&Path>) -> Result<NodeFacts, CdiGenError> {
+    let driver = load_driver(&layout.driver_root, nvml_lib)?;
+    Ok(tessera_driver::discover::discover_in(layout, &driver)?)
 }
 
-/// Assembles the static `tessera.io/gpu` spec for the node.
-pub fn static_spec(facts: &NodeFacts, hook: &HookSettings) -> Result<Spec, CdiGenError> {
+/// Assembles the static `tessera.io/gpu` spec for the node, mounting the
+/// driver files of `groups`.
+pub fn static_spec(
+    facts: &NodeFacts,
+    hook: &HookSettings,
+    groups: &LibraryGroups,
+) -> Result<Spec, CdiGenError> {
     let devices = edits::static_devices(facts);
     if devices.is_empty() {
         return Err(CdiGenError::NoDevices);
@@ -92,6 +95,6 @@ pub fn static_spec(facts: &NodeFacts, hook: &HookSettings) -> Result<Spec, CdiGe
     Ok(Spec::new(
         contract::cdi::GPU_KIND,
         devices,
-        edits::common(facts, hook),
+        edits::common(facts, hook, groups),
     )?)
 }

@@ -100,7 +100,13 @@ const NVML: &str = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
 #[test]
 fn driver_root_without_nvml_is_one_line() {
     damaged_node_fails_in_one_line(
-        |root| fs::remove_file(root.join(NVML)).unwrap(),
+        |root| {
+            // The SONAME link and the versioned file it points to (the
+            // driver falls back to a lone versioned file).
+            let real = fs::canonicalize(root.join(NVML)).unwrap();
+            fs::remove_file(root.join(NVML)).unwrap();
+            fs::remove_file(real).unwrap();
+        },
         &["libnvidia-ml.so.1"],
     );
 }
@@ -345,4 +351,143 @@ fn generate_writes_the_hook_config_into_the_hook_args() {
     assert_eq!(result.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("--hook-config"), "{stderr}");
     assert_untouched(&out2);
+}
+
+/// A GKE-style split node: the driver files in an install directory
+/// (`lib64/`, `bin/`), device nodes and `/proc` in a simulated node given by
+/// `--dev-root` and `--proc-root`, NVML the node's stand-in. The spec takes
+/// each from its own root, and `--library-groups` chooses the mounts.
+#[test]
+fn generate_takes_dev_proc_and_driver_files_from_their_own_roots() {
+    let Some((dir, node, out)) = node_with_previous_spec("demo") else {
+        return;
+    };
+    let state: serde_json::Value =
+        serde_json::from_slice(&fs::read(node.join("run/tessera-sim/state.json")).unwrap())
+            .unwrap();
+    let version = state["driver_version"].as_str().unwrap();
+    let install = dir.path().join("home/kubernetes/bin/nvidia");
+    fs::create_dir_all(install.join("lib64")).unwrap();
+    fs::create_dir_all(install.join("bin")).unwrap();
+    let write_lib = |stem: &str, soname: &str| {
+        fs::write(
+            install.join(format!("lib64/{stem}.{version}")),
+            tessera_driver::soname::minimal_shared_object(soname),
+        )
+        .unwrap();
+    };
+    write_lib("libcuda.so", "libcuda.so.1");
+    write_lib("libnvidia-encode.so", "libnvidia-encode.so.1");
+    write_lib("libnvoptix.so", "libnvoptix.so.1");
+    fs::write(install.join("bin/nvidia-smi"), b"#!/bin/sh\n").unwrap();
+
+    let nvml = node.join(NVML);
+    let run = |groups: &str| {
+        let result = tessera_cdi([
+            "generate".as_ref(),
+            "--driver-root".as_ref(),
+            install.as_os_str(),
+            "--dev-root".as_ref(),
+            node.as_os_str(),
+            "--proc-root".as_ref(),
+            node.as_os_str(),
+            "--nvml-lib".as_ref(),
+            nvml.as_os_str(),
+            "--library-groups".as_ref(),
+            groups.as_ref(),
+            "--output".as_ref(),
+            out.as_os_str(),
+        ]);
+        assert!(result.status.success(), "{}", stderr_of(&result));
+        let spec: serde_json::Value = serde_json::from_slice(&fs::read(&out).unwrap()).unwrap();
+        spec
+    };
+    let spec = run("compute,video,utilities");
+    let edits = &spec["containerEdits"];
+    let mounts: Vec<(&str, &str)> = edits["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["containerPath"].as_str().unwrap(),
+                m["hostPath"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let host = |rel: &str| install.join(rel).display().to_string();
+    let cuda = host(&format!("lib64/libcuda.so.{version}"));
+    let encode = host(&format!("lib64/libnvidia-encode.so.{version}"));
+    let smi = host("bin/nvidia-smi");
+    assert_eq!(
+        mounts,
+        [
+            (
+                format!("/lib64/libcuda.so.{version}").as_str(),
+                cuda.as_str()
+            ),
+            ("/lib64/libcuda.so.1", cuda.as_str()),
+            (
+                &format!("/lib64/libnvidia-encode.so.{version}"),
+                encode.as_str()
+            ),
+            ("/lib64/libnvidia-encode.so.1", encode.as_str()),
+            ("/bin/nvidia-smi", smi.as_str()),
+        ]
+    );
+    let ctl = &edits["deviceNodes"][0];
+    assert_eq!(ctl["path"], "/dev/nvidiactl");
+    assert_eq!(
+        ctl["hostPath"].as_str().unwrap(),
+        node.join("dev/nvidiactl").display().to_string()
+    );
+
+    let graphics = run("graphics");
+    let paths: Vec<&str> = graphics["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["containerPath"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            format!("/lib64/libnvoptix.so.{version}").as_str(),
+            "/lib64/libnvoptix.so.1"
+        ]
+    );
+
+    // Without --proc-root the install directory, which has no
+    // proc/driver/nvidia, is not where /proc is looked for.
+    let result = generate(
+        &install,
+        &out,
+        &[
+            "--dev-root",
+            "/nonexistent-dev",
+            "--nvml-lib",
+            nvml.to_str().unwrap(),
+        ],
+    );
+    let stderr = stderr_of(&result);
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("dev root /nonexistent-dev"), "{stderr}");
+}
+
+#[test]
+fn an_unknown_library_group_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let result = tessera_cdi([
+        "generate",
+        "--driver-root",
+        dir.path().to_str().unwrap(),
+        "--library-groups",
+        "compute,utility",
+    ]);
+    let stderr = stderr_of(&result);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("compute, video, graphics, utilities"),
+        "{stderr}"
+    );
 }

@@ -1,11 +1,18 @@
-//! Device nodes and driver files under a driver root.
+//! Device nodes and driver files under their roots.
 //!
-//! Every path is looked up under a configurable root (`/` on a plain host,
-//! `/run/nvidia/driver` under a driver container, a temp dir in tests, the
-//! simulated node's directory). A found file has two names: its **container
-//! path**, the path relative to the root made absolute
+//! Every path is looked up under a configurable root: driver files under the
+//! driver root (`/` on a plain host, `/run/nvidia/driver` under a driver
+//! container, `/home/kubernetes/bin/nvidia` on GKE, a temp dir in tests, the
+//! simulated node's directory), device nodes under the dev root (the driver root
+//! unless told otherwise; `/` on GKE). A found file has two names: its
+//! **container path**, the path relative to the root made absolute
 //! (`/usr/lib/x86_64-linux-gnu/libcuda.so.1`), and its **host path**, the root
 //! joined with it. With root `/` both are equal.
+//!
+//! Driver libraries are found by their versioned names
+//! (`libcuda.so.<driver version>`, see [`DRIVER_LIBRARIES`]); each comes with its
+//! SONAME name (`libcuda.so.1`, read from the file: [`crate::soname`]), both at
+//! the container paths the host has.
 //!
 //! Host paths are not resolved: a symlink stays a symlink, and is followed on the
 //! host when the runtime bind-mounts it (an absolute link target inside a non-`/`
@@ -17,45 +24,48 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use tessera_model::facts::{CharDevice, HostFile};
+use tessera_model::facts::{CharDevice, HostFile, LibraryGroup};
 
 use crate::DriverError;
 use crate::procfs::io_reason;
+use LibraryGroup::{Compute, Utilities};
 
-/// Library directories searched, in order, relative to the root.
-pub const LIBRARY_DIRS: &[&str] = &["usr/lib/x86_64-linux-gnu", "usr/lib64", "lib64", "usr/lib"];
-
-/// Driver libraries a CUDA container needs, by soname.
-///
-/// NVML, the CUDA driver and its JIT/NVVM compilers, the allocator and config
-/// libraries, OpenCL and the CUDA debugger. Each is looked up in every
-/// [`LIBRARY_DIRS`] entry in order; the first hit wins and missing ones are skipped.
-pub const LIBRARIES: &[&str] = &[
-    "libcuda.so.1",
-    "libnvidia-ml.so.1",
-    "libnvidia-ptxjitcompiler.so.1",
-    "libnvidia-nvvm.so.4",
-    "libnvidia-allocator.so.1",
-    "libnvidia-cfg.so.1",
-    "libnvidia-opencl.so.1",
-    "libcudadebugger.so.1",
+/// Library directories searched, in order, relative to the driver root:
+/// Debian/Ubuntu multiarch (`usr/lib/x86_64-linux-gnu`, `lib/x86_64-linux-gnu`,
+/// the aarch64 ones), RHEL/SUSE (`usr/lib64`), GKE's `/home/kubernetes/bin/nvidia`
+/// and other self-contained installs (`lib64`, `lib`), then `usr/lib`.
+pub const LIBRARY_DIRS: &[&str] = &[
+    "usr/lib/x86_64-linux-gnu",
+    "lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "usr/lib64",
+    "lib64",
+    "usr/lib",
+    "lib",
 ];
 
-/// Libraries whose only name carries the driver version (`<name>.<version>`), found
-/// only when the driver version is known: `libnvidia-gpucomp.so.550.54.14`.
-pub const VERSIONED_LIBRARIES: &[&str] = &["libnvidia-gpucomp.so"];
+pub use tessera_model::driver_files::{DRIVER_LIBRARIES, DriverLibrary};
 
-/// Directory of the driver tools, relative to the root.
-pub const TOOL_DIR: &str = "usr/bin";
+/// Directories of the driver's binaries, in order, relative to the driver root
+/// (`bin` for GKE's layout).
+pub const TOOL_DIRS: &[&str] = &["usr/bin", "bin"];
 
-/// Driver tools bound into containers when present.
-pub const TOOLS: &[&str] = &[
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
+/// Driver binaries bound into containers when present, with their groups.
+pub const TOOLS: &[(&str, LibraryGroup)] = &[
+    ("nvidia-smi", Utilities),
+    ("nvidia-debugdump", Utilities),
+    ("nvidia-persistenced", Utilities),
+    ("nvidia-cuda-mps-control", Compute),
+    ("nvidia-cuda-mps-server", Compute),
 ];
+
+/// Directories of the GSP firmware, relative to the driver root; the first
+/// holding `<version>/` wins (`lib` is `usr/lib` on merged-`/usr` hosts).
+pub const FIRMWARE_DIRS: &[&str] = &["lib/firmware/nvidia", "usr/lib/firmware/nvidia"];
+
+/// The `nvidia-persistenced` socket, relative to the driver root.
+pub const PERSISTENCED_SOCKET: &str = "run/nvidia-persistenced/socket";
 
 /// The NVML library's soname.
 pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -64,7 +74,7 @@ pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
 #[derive(Debug, thiserror::Error)]
 pub enum DevicesError {
     /// A node that must exist does not.
-    #[error("{}: device node missing (is the NVIDIA driver loaded, and is the driver root right?)", .path.display())]
+    #[error("{}: device node missing (is the NVIDIA driver loaded, and are the driver and dev roots right?)", .path.display())]
     Missing {
         /// The node, under the root.
         path: PathBuf,
@@ -255,63 +265,143 @@ fn is_file(path: &Path) -> bool {
     fs::metadata(path).is_ok_and(|m| m.is_file())
 }
 
-/// Finds `name` in the first of [`LIBRARY_DIRS`] under `root` holding it.
-fn find_library(root: &Path, name: &str) -> Option<HostFile> {
-    LIBRARY_DIRS.iter().find_map(|dir| {
-        let rel = format!("{dir}/{name}");
-        let host = host_path(root, &rel);
-        is_file(&host).then(|| HostFile {
-            host_path: host.display().to_string(),
-            container_path: container_path(&rel),
-        })
-    })
+/// A file under `root` at `rel`, as a [`HostFile`] of `group`.
+fn host_file(root: &Path, rel: &str, group: LibraryGroup) -> HostFile {
+    HostFile {
+        host_path: host_path(root, rel).display().to_string(),
+        container_path: container_path(rel),
+        group,
+    }
 }
 
-/// The driver libraries ([`LIBRARIES`], then [`VERSIONED_LIBRARIES`] when
-/// `driver_version` is known) and tools ([`TOOLS`] in [`TOOL_DIR`]) present under
-/// `root`, in list order. Missing ones are skipped (logged at debug level).
-pub fn driver_files(root: &Path, driver_version: Option<&str>) -> Vec<HostFile> {
-    let mut files = Vec::new();
-    let versioned = driver_version
-        .filter(|v| !v.is_empty() && !v.contains('/'))
-        .map(|v| {
-            VERSIONED_LIBRARIES
-                .iter()
-                .map(|name| format!("{name}.{v}"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    let names = LIBRARIES.iter().map(|s| s.to_string()).chain(versioned);
-    for name in names {
-        match find_library(root, &name) {
-            Some(file) => files.push(file),
-            None => {
-                tracing::debug!(library = %name, root = %root.display(), "driver library not found")
+/// The first of [`LIBRARY_DIRS`] under `root` holding a regular file `name`.
+fn library_dir(root: &Path, name: &str) -> Option<&'static str> {
+    LIBRARY_DIRS
+        .iter()
+        .copied()
+        .find(|dir| is_file(&host_path(root, &format!("{dir}/{name}"))))
+}
+
+/// The files of one library: the versioned file and its SONAME name when the
+/// driver version is known and the versioned file exists; else, the library's
+/// usual SONAME file alone (an install without versioned files, or an unknown
+/// version).
+fn library_files(root: &Path, library: &DriverLibrary, version: Option<&str>) -> Vec<HostFile> {
+    let group = library.group;
+    if let Some(version) = version {
+        let versioned = library.file_name(version);
+        if let Some(dir) = library_dir(root, &versioned) {
+            let rel = format!("{dir}/{versioned}");
+            let file = host_file(root, &rel, group);
+            // The file's own SONAME; the usual one only for a file that is not
+            // ELF and whose usual SONAME name is there.
+            let soname = crate::soname::read(&host_path(root, &rel)).or_else(|| {
+                library
+                    .usual_soname()
+                    .filter(|name| is_file(&host_path(root, &format!("{dir}/{name}"))))
+            });
+            let mut files = vec![file];
+            if let Some(soname) = soname.filter(|s| *s != versioned) {
+                // Mounted from the versioned file, so a stale link on the host
+                // (left by an older driver) cannot give the container the wrong file.
+                files.push(HostFile {
+                    container_path: container_path(&format!("{dir}/{soname}")),
+                    ..files[0].clone()
+                });
             }
+            return files;
         }
     }
-    for tool in TOOLS {
-        let rel = format!("{TOOL_DIR}/{tool}");
-        let host = host_path(root, &rel);
-        if is_file(&host) {
-            files.push(HostFile {
-                host_path: host.display().to_string(),
-                container_path: container_path(&rel),
-            });
-        } else {
-            tracing::debug!(tool, root = %root.display(), "driver tool not found");
+    let Some(soname) = library.usual_soname() else {
+        return Vec::new();
+    };
+    library_dir(root, &soname)
+        .map(|dir| vec![host_file(root, &format!("{dir}/{soname}"), group)])
+        .unwrap_or_default()
+}
+
+/// GSP firmware `gsp*.bin` of `version`, in name order, from the first of
+/// [`FIRMWARE_DIRS`] that has the version's directory.
+fn firmware_files(root: &Path, version: &str) -> Vec<HostFile> {
+    let Some(dir) = FIRMWARE_DIRS
+        .iter()
+        .map(|d| format!("{d}/{version}"))
+        .find(|d| host_path(root, d).is_dir())
+    else {
+        return Vec::new();
+    };
+    let Ok(entries) = fs::read_dir(host_path(root, &dir)) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("gsp") && n.ends_with(".bin"))
+        .filter(|n| is_file(&host_path(root, &format!("{dir}/{n}"))))
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|n| host_file(root, &format!("{dir}/{n}"), Compute))
+        .collect()
+}
+
+/// The driver files under `root`, of every group, in this order: the
+/// libraries ([`DRIVER_LIBRARIES`] order; for each, the versioned file then its
+/// SONAME name), the binaries ([`TOOLS`], from the first of [`TOOL_DIRS`]
+/// holding each), the GSP firmware of `driver_version`, the
+/// `nvidia-persistenced` socket. Missing ones are skipped (logged at debug
+/// level). Versioned names need `driver_version`; without it only the usual
+/// SONAME files are found.
+pub fn driver_files(root: &Path, driver_version: Option<&str>) -> Vec<HostFile> {
+    let version = driver_version.filter(|v| {
+        !v.is_empty() && !v.contains('/') && *v != "." && *v != ".." && !v.contains('\0')
+    });
+    let mut files = Vec::new();
+    for library in DRIVER_LIBRARIES {
+        let found = library_files(root, library, version);
+        if found.is_empty() {
+            tracing::debug!(library = library.name, root = %root.display(), "driver library not found");
         }
+        files.extend(found);
+    }
+    for (tool, group) in TOOLS {
+        let found = TOOL_DIRS
+            .iter()
+            .map(|dir| format!("{dir}/{tool}"))
+            .find(|rel| is_file(&host_path(root, rel)));
+        match found {
+            Some(rel) => files.push(host_file(root, &rel, *group)),
+            None => tracing::debug!(tool, root = %root.display(), "driver binary not found"),
+        }
+    }
+    if let Some(version) = version {
+        files.extend(firmware_files(root, version));
+    }
+    let socket = host_path(root, PERSISTENCED_SOCKET);
+    if fs::metadata(&socket).is_ok_and(|m| m.file_type().is_socket()) {
+        files.push(host_file(root, PERSISTENCED_SOCKET, Utilities));
     }
     files
 }
 
 /// The host path of `libnvidia-ml.so.1` under `root`: the first of [`LIBRARY_DIRS`]
 /// holding it, ready for [`NvmlDriver::load`](crate::nvml::NvmlDriver::load).
+///
+/// An install whose SONAME links were never made (no `ldconfig` run) has only
+/// the versioned file: then the first directory holding exactly one
+/// `libnvidia-ml.so.<version>` gives that file.
 pub fn find_nvml_library(root: &Path) -> Result<PathBuf, DriverError> {
-    LIBRARY_DIRS
+    let soname = LIBRARY_DIRS
         .iter()
         .map(|dir| host_path(root, &format!("{dir}/{NVML_LIBRARY}")))
-        .find(|p| is_file(p))
+        .find(|p| is_file(p));
+    soname
+        .or_else(|| {
+            LIBRARY_DIRS
+                .iter()
+                .find_map(|dir| versioned_nvml(root, dir))
+        })
         .ok_or_else(|| DriverError::Load {
             path: root.display().to_string(),
             reason: format!(
@@ -321,9 +411,29 @@ pub fn find_nvml_library(root: &Path) -> Result<PathBuf, DriverError> {
         })
 }
 
+/// The one `libnvidia-ml.so.<version>` (a version: digits and dots, with a
+/// dot) in `dir` under `root`; `None` for none or several.
+fn versioned_nvml(root: &Path, dir: &str) -> Option<PathBuf> {
+    let dir = host_path(root, dir);
+    let prefix = "libnvidia-ml.so.";
+    let mut found = fs::read_dir(&dir).ok()?.filter_map(|e| {
+        let name = e.ok()?.file_name().into_string().ok()?;
+        let version = name.strip_prefix(prefix)?;
+        let versioned = version.contains('.')
+            && version
+                .split('.')
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        let path = dir.join(&name);
+        (versioned && is_file(&path)).then_some(path)
+    });
+    let first = found.next()?;
+    found.next().is_none().then_some(first)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use LibraryGroup::{Graphics, Video};
 
     /// Makes a character device node with the `mknod` tool (root only).
     fn mknod(path: &Path, major: u32, minor: u32) {
@@ -429,55 +539,191 @@ mod tests {
         assert_eq!((found[2].major, found[2].minor), (505, 1));
     }
 
-    #[test]
-    fn driver_files_have_container_and_host_paths() {
-        let root = tempfile::tempdir().unwrap();
-        let r = root.path();
-        touch(&r.join("usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14"));
-        std::os::unix::fs::symlink(
-            "libcuda.so.550.54.14",
-            r.join("usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+    /// Installs `stem.<version>` in `dir` as a real ELF object naming itself
+    /// `soname`, with the SONAME link a driver install makes.
+    fn install(dir: &Path, stem: &str, version: &str, soname: &str) {
+        fs::create_dir_all(dir).unwrap();
+        let file = format!("{stem}.{version}");
+        fs::write(
+            dir.join(&file),
+            crate::soname::minimal_shared_object(soname),
         )
         .unwrap();
-        touch(&r.join("usr/lib64/libnvidia-ml.so.1"));
-        // A later directory never shadows an earlier one.
-        touch(&r.join("usr/lib/libnvidia-ml.so.1"));
-        touch(&r.join("lib64/libnvidia-gpucomp.so.550.54.14"));
-        touch(&r.join("lib64/libnvidia-gpucomp.so.535.00.00"));
-        touch(&r.join("usr/bin/nvidia-smi"));
-        // A dangling link is not a library.
-        std::os::unix::fs::symlink("nowhere", r.join("usr/lib/libnvidia-cfg.so.1")).unwrap();
+        if soname != file {
+            std::os::unix::fs::symlink(&file, dir.join(soname)).unwrap();
+        }
+    }
 
-        let files = driver_files(r, Some("550.54.14"));
-        let pairs: Vec<(String, String)> = files
+    fn pairs(files: &[HostFile]) -> Vec<(String, String, LibraryGroup)> {
+        files
             .iter()
-            .map(|f| (f.container_path.clone(), f.host_path.clone()))
-            .collect();
+            .map(|f| (f.container_path.clone(), f.host_path.clone(), f.group))
+            .collect()
+    }
+
+    #[test]
+    fn versioned_libraries_come_with_their_soname_and_group() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        let v = "550.54.14";
+        let lib = r.join("usr/lib/x86_64-linux-gnu");
+        install(&lib, "libcuda.so", v, "libcuda.so.1");
+        install(&lib, "libnvidia-nvvm.so", v, "libnvidia-nvvm.so.4");
+        install(
+            &lib,
+            "libnvidia-glcore.so",
+            v,
+            &format!("libnvidia-glcore.so.{v}"),
+        );
+        install(&lib, "libnvcuvid.so", v, "libnvcuvid.so.1");
+        // A stale SONAME link from an older driver: the mount comes from the
+        // versioned file all the same.
+        install(&lib, "libnvidia-ml.so", "535.00.00", "libnvidia-ml.so.1");
+        fs::write(
+            lib.join(format!("libnvidia-ml.so.{v}")),
+            crate::soname::minimal_shared_object("libnvidia-ml.so.1"),
+        )
+        .unwrap();
+        // Not ELF (a placeholder): the usual SONAME, since its name is there.
+        touch(&lib.join(format!("libnvidia-cfg.so.{v}")));
+        touch(&lib.join("libnvidia-cfg.so.1"));
+        // A later directory never shadows an earlier one.
+        install(&r.join("usr/lib64"), "libcuda.so", v, "libcuda.so.1");
+        touch(&r.join("usr/bin/nvidia-smi"));
+        touch(&r.join("usr/bin/nvidia-cuda-mps-control"));
+        touch(&r.join(format!("lib/firmware/nvidia/{v}/gsp_tu10x.bin")));
+        touch(&r.join(format!("lib/firmware/nvidia/{v}/gsp_ga10x.bin")));
+        touch(&r.join(format!("lib/firmware/nvidia/{v}/README")));
+        touch(&r.join("lib/firmware/nvidia/535.00.00/gsp_ga10x.bin"));
+        // A dangling link is not a library.
+        std::os::unix::fs::symlink("nowhere", lib.join("libnvidia-opencl.so.1")).unwrap();
+        fs::create_dir_all(r.join("run/nvidia-persistenced")).unwrap();
+        let _socket = std::os::unix::net::UnixListener::bind(r.join(PERSISTENCED_SOCKET)).unwrap();
+
         let host = |rel: &str| r.join(rel).display().to_string();
+        let d = "usr/lib/x86_64-linux-gnu";
+        let file =
+            |container: &str, host_rel: &str, group| (container.to_owned(), host(host_rel), group);
         assert_eq!(
-            pairs,
+            pairs(&driver_files(r, Some(v))),
             [
-                (
-                    "/usr/lib/x86_64-linux-gnu/libcuda.so.1".to_string(),
-                    host("usr/lib/x86_64-linux-gnu/libcuda.so.1")
+                file(
+                    &format!("/{d}/libcuda.so.{v}"),
+                    &format!("{d}/libcuda.so.{v}"),
+                    Compute
                 ),
-                (
-                    "/usr/lib64/libnvidia-ml.so.1".to_string(),
-                    host("usr/lib64/libnvidia-ml.so.1")
+                file(
+                    &format!("/{d}/libcuda.so.1"),
+                    &format!("{d}/libcuda.so.{v}"),
+                    Compute
                 ),
-                (
-                    "/lib64/libnvidia-gpucomp.so.550.54.14".to_string(),
-                    host("lib64/libnvidia-gpucomp.so.550.54.14")
+                file(
+                    &format!("/{d}/libnvidia-ml.so.{v}"),
+                    &format!("{d}/libnvidia-ml.so.{v}"),
+                    Compute
                 ),
-                (
-                    "/usr/bin/nvidia-smi".to_string(),
-                    host("usr/bin/nvidia-smi")
+                file(
+                    &format!("/{d}/libnvidia-ml.so.1"),
+                    &format!("{d}/libnvidia-ml.so.{v}"),
+                    Compute
+                ),
+                file(
+                    &format!("/{d}/libnvidia-nvvm.so.{v}"),
+                    &format!("{d}/libnvidia-nvvm.so.{v}"),
+                    Compute
+                ),
+                file(
+                    &format!("/{d}/libnvidia-nvvm.so.4"),
+                    &format!("{d}/libnvidia-nvvm.so.{v}"),
+                    Compute
+                ),
+                file(
+                    &format!("/{d}/libnvidia-cfg.so.{v}"),
+                    &format!("{d}/libnvidia-cfg.so.{v}"),
+                    Compute
+                ),
+                file(
+                    &format!("/{d}/libnvidia-cfg.so.1"),
+                    &format!("{d}/libnvidia-cfg.so.{v}"),
+                    Compute
+                ),
+                file(
+                    &format!("/{d}/libnvcuvid.so.{v}"),
+                    &format!("{d}/libnvcuvid.so.{v}"),
+                    Video
+                ),
+                file(
+                    &format!("/{d}/libnvcuvid.so.1"),
+                    &format!("{d}/libnvcuvid.so.{v}"),
+                    Video
+                ),
+                file(
+                    &format!("/{d}/libnvidia-glcore.so.{v}"),
+                    &format!("{d}/libnvidia-glcore.so.{v}"),
+                    Graphics
+                ),
+                file("/usr/bin/nvidia-smi", "usr/bin/nvidia-smi", Utilities),
+                file(
+                    "/usr/bin/nvidia-cuda-mps-control",
+                    "usr/bin/nvidia-cuda-mps-control",
+                    Compute
+                ),
+                file(
+                    &format!("/lib/firmware/nvidia/{v}/gsp_ga10x.bin"),
+                    &format!("lib/firmware/nvidia/{v}/gsp_ga10x.bin"),
+                    Compute
+                ),
+                file(
+                    &format!("/lib/firmware/nvidia/{v}/gsp_tu10x.bin"),
+                    &format!("lib/firmware/nvidia/{v}/gsp_tu10x.bin"),
+                    Compute
+                ),
+                file(
+                    "/run/nvidia-persistenced/socket",
+                    PERSISTENCED_SOCKET,
+                    Utilities
                 ),
             ]
         );
 
-        let without_version = driver_files(r, None);
-        assert_eq!(without_version.len(), 3, "{without_version:?}");
+        // Without the version only the SONAME files are found, as they are
+        // on the host (a link stays a link).
+        let without_version = pairs(&driver_files(r, None));
+        let containers: Vec<&str> = without_version.iter().map(|f| f.0.as_str()).collect();
+        assert_eq!(
+            containers,
+            [
+                format!("/{d}/libcuda.so.1").as_str(),
+                &format!("/{d}/libnvidia-ml.so.1"),
+                &format!("/{d}/libnvidia-nvvm.so.4"),
+                &format!("/{d}/libnvidia-cfg.so.1"),
+                &format!("/{d}/libnvcuvid.so.1"),
+                "/usr/bin/nvidia-smi",
+                "/usr/bin/nvidia-cuda-mps-control",
+                "/run/nvidia-persistenced/socket",
+            ]
+        );
+        assert_eq!(without_version[0].1, host(&format!("{d}/libcuda.so.1")));
+    }
+
+    #[test]
+    fn a_gke_install_directory_is_found_by_its_lib64_and_bin() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        install(&r.join("lib64"), "libcuda.so", "570.86.15", "libcuda.so.1");
+        touch(&r.join("bin/nvidia-smi"));
+        let files = pairs(&driver_files(r, Some("570.86.15")));
+        let containers: Vec<&str> = files.iter().map(|f| f.0.as_str()).collect();
+        assert_eq!(
+            containers,
+            [
+                "/lib64/libcuda.so.570.86.15",
+                "/lib64/libcuda.so.1",
+                "/bin/nvidia-smi"
+            ]
+        );
+        // A version with a path in it finds nothing versioned.
+        assert_eq!(driver_files(r, Some("../x")).len(), 2);
     }
 
     #[test]
@@ -511,6 +757,15 @@ mod tests {
             err.to_string().contains("libnvidia-ml.so.1 not found"),
             "{err}"
         );
+        // Only versioned files: one is taken, two are ambiguous.
+        touch(&r.join("lib64/libnvidia-ml.so.550.54.14"));
+        assert_eq!(
+            find_nvml_library(r).unwrap(),
+            r.join("lib64/libnvidia-ml.so.550.54.14")
+        );
+        touch(&r.join("lib64/libnvidia-ml.so.535.1.2"));
+        assert!(find_nvml_library(r).is_err());
+        fs::remove_file(r.join("lib64/libnvidia-ml.so.535.1.2")).unwrap();
         touch(&r.join("usr/lib/libnvidia-ml.so.1"));
         assert_eq!(
             find_nvml_library(r).unwrap(),

@@ -1,6 +1,7 @@
 //! Node discovery: everything the edits layer needs to know about a GPU node,
-//! found under a driver root. It only reads: `/proc`, `/dev`, driver files, and the
-//! [`GpuDriver`].
+//! found under its [`Layout`]: driver files under the driver root, device nodes
+//! under the dev root, `/proc` under the proc root. It only reads: `/proc`,
+//! `/dev`, driver files, and the [`GpuDriver`].
 //!
 //! Device numbers come from the nodes themselves when they exist and from `/proc`
 //! otherwise: a CDI spec gives each node's type, major and minor explicitly, so the
@@ -33,6 +34,68 @@ pub fn check_root(root: &Path) -> Result<(), DiscoverError> {
         })
 }
 
+/// Where a node's pieces are. NVIDIA's split layouts put them apart: on GKE the
+/// driver files are under `/home/kubernetes/bin/nvidia` (`lib64/`, `bin/`) and
+/// the device nodes in the host's `/dev`; under a driver container everything is
+/// under `/run/nvidia/driver`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// Root of the driver files: libraries, binaries, firmware, the
+    /// `nvidia-persistenced` socket.
+    pub driver_root: PathBuf,
+    /// Root of `dev/`: GPU, control and capability nodes.
+    pub dev_root: PathBuf,
+    /// Root of `proc/`: `proc/devices`, `proc/driver/nvidia-caps/mig-minors`.
+    pub proc_root: PathBuf,
+}
+
+/// `proc/driver/nvidia`, whose presence under a driver root says the root
+/// carries the driver's `/proc` (a driver container's rbind of `/`, a simulated node).
+pub const PROC_DRIVER_NVIDIA: &str = "proc/driver/nvidia";
+
+impl Layout {
+    /// Everything under `driver_root`; `/proc` per [`Layout::default_proc_root`].
+    pub fn new(driver_root: impl Into<PathBuf>) -> Self {
+        let driver_root = driver_root.into();
+        Self {
+            dev_root: driver_root.clone(),
+            proc_root: Self::default_proc_root(&driver_root),
+            driver_root,
+        }
+    }
+
+    /// The layout the flags describe: `dev_root` defaults to the driver root
+    /// (as `nvidia-ctk`'s `--dev-root`), `proc_root` to
+    /// [`Layout::default_proc_root`].
+    pub fn from_flags(
+        driver_root: &Path,
+        dev_root: Option<&Path>,
+        proc_root: Option<&Path>,
+    ) -> Self {
+        let mut layout = Self::new(driver_root);
+        if let Some(dev) = dev_root {
+            layout.dev_root = dev.to_path_buf();
+        }
+        if let Some(proc) = proc_root {
+            layout.proc_root = proc.to_path_buf();
+        }
+        layout
+    }
+
+    /// The driver root itself when it holds a `proc/driver/nvidia` directory
+    /// (the root is a whole system's view: `/`, a driver container's
+    /// `/run/nvidia/driver`, a simulated node), else the host's `/`: `/proc` is
+    /// the kernel's, and a driver root that is only an install directory (GKE's
+    /// `/home/kubernetes/bin/nvidia`) has none.
+    pub fn default_proc_root(driver_root: &Path) -> PathBuf {
+        if driver_root.join(PROC_DRIVER_NVIDIA).is_dir() {
+            driver_root.to_path_buf()
+        } else {
+            PathBuf::from("/")
+        }
+    }
+}
+
 /// Errors from [`discover`], one line each.
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoverError {
@@ -42,6 +105,14 @@ pub enum DiscoverError {
         /// The root.
         path: PathBuf,
         /// The operating system's reason, e.g. `No such file or directory`.
+        reason: String,
+    },
+    /// The dev root is missing or unreadable.
+    #[error("dev root {}: {reason}", .path.display())]
+    DevRoot {
+        /// The root.
+        path: PathBuf,
+        /// The operating system's reason.
         reason: String,
     },
     /// A `/proc` file is missing where needed, unreadable or corrupt.
@@ -78,16 +149,10 @@ pub enum DiscoverError {
     Driver(#[from] DriverError),
 }
 
-/// Finds the node's facts under `root` (use `/` on a plain host).
-///
-/// GPUs come in index order, each with its node `/dev/nvidia<minor>` and, when MIG
-/// is enabled, its MIG devices with their GI and CI capability nodes (keyed by the
-/// GPU's **minor** number in `mig-minors`, not its index). Then the control nodes
-/// ([`devices::control_nodes`]: `nvidiactl` required) and the driver files
-/// ([`devices::driver_files`]). A failing driver-version query is logged and
-/// leaves the version unknown; every other driver error fails discovery.
+/// Finds the node's facts under `root` (use `/` on a plain host): [`discover_in`]
+/// with [`Layout::new`].
 pub fn discover(root: &Path, driver: &dyn GpuDriver) -> Result<NodeFacts, DiscoverError> {
-    discover_with(root, driver, &HostNodes)
+    discover_in(&Layout::new(root), driver)
 }
 
 /// [`discover`], with the device nodes as `nodes` sees them (tests describe
@@ -97,9 +162,43 @@ pub fn discover_with(
     driver: &dyn GpuDriver,
     nodes: &dyn NodeStat,
 ) -> Result<NodeFacts, DiscoverError> {
-    check_root(root)?;
+    discover_in_with(&Layout::new(root), driver, nodes)
+}
 
-    let proc_devices = match ProcDevices::read(root) {
+/// Finds the node's facts in `layout`.
+///
+/// GPUs come in index order, each with its node `/dev/nvidia<minor>` and, when MIG
+/// is enabled, its MIG devices with their GI and CI capability nodes (keyed by the
+/// GPU's **minor** number in `mig-minors`, not its index). Then the control nodes
+/// ([`devices::control_nodes`]: `nvidiactl` required) and the driver files of
+/// every group ([`devices::driver_files`]). A failing driver-version query is
+/// logged and leaves the version unknown; every other driver error fails discovery.
+pub fn discover_in(layout: &Layout, driver: &dyn GpuDriver) -> Result<NodeFacts, DiscoverError> {
+    discover_in_with(layout, driver, &HostNodes)
+}
+
+/// [`discover_in`], with the device nodes as `nodes` sees them.
+pub fn discover_in_with(
+    layout: &Layout,
+    driver: &dyn GpuDriver,
+    nodes: &dyn NodeStat,
+) -> Result<NodeFacts, DiscoverError> {
+    check_root(&layout.driver_root)?;
+    if layout.dev_root != layout.driver_root {
+        fs::read_dir(&layout.dev_root)
+            .map(drop)
+            .map_err(|e| DiscoverError::DevRoot {
+                path: layout.dev_root.clone(),
+                reason: io_reason(&e),
+            })?;
+    }
+    let (root, dev, proc) = (
+        layout.driver_root.as_path(),
+        layout.dev_root.as_path(),
+        layout.proc_root.as_path(),
+    );
+
+    let proc_devices = match ProcDevices::read(proc) {
         Ok(d) => Some(d),
         Err(ProcError::Missing { path }) => {
             tracing::warn!(path = %path.display(), "missing; using default device majors");
@@ -122,21 +221,21 @@ pub fn discover_with(
     let mut mig_minors: Option<MigMinors> = None;
     let mut facts = Vec::with_capacity(gpus.len());
     for info in gpus {
-        let node = gpu_node(root, &info, proc_devices.as_ref(), nodes)?;
+        let node = gpu_node(dev, &info, proc_devices.as_ref(), nodes)?;
         let mig_devices = if info.mig_enabled() {
             let devices = driver.mig_devices(info.index)?;
             if devices.is_empty() {
                 Vec::new()
             } else {
-                let caps_major = caps_major(root, proc_devices.as_ref(), info.index)?;
+                let caps_major = caps_major(proc, proc_devices.as_ref(), info.index)?;
                 // Read once, and only when some GPU has MIG devices.
                 let minors = match mig_minors.take() {
                     Some(m) => m,
-                    None => MigMinors::read(root)?,
+                    None => MigMinors::read(proc)?,
                 };
                 let devices = devices
                     .into_iter()
-                    .map(|device| mig_device_facts(root, &info, device, caps_major, &minors))
+                    .map(|device| mig_device_facts(dev, proc, &info, device, caps_major, &minors))
                     .collect::<Result<Vec<_>, _>>()?;
                 mig_minors = Some(minors);
                 devices
@@ -151,7 +250,7 @@ pub fn discover_with(
         });
     }
 
-    let control_nodes = devices::control_nodes(root, nodes)?;
+    let control_nodes = devices::control_nodes(dev, nodes)?;
     let libraries = devices::driver_files(root, driver_version.as_deref());
     Ok(NodeFacts {
         driver_version,
@@ -222,7 +321,8 @@ fn cap_node(root: &Path, major: u32, minor: u32) -> CharDevice {
 }
 
 fn mig_device_facts(
-    root: &Path,
+    dev_root: &Path,
+    proc_root: &Path,
     gpu: &GpuInfo,
     device: tessera_model::gpu::MigDevice,
     caps_major: u32,
@@ -234,7 +334,7 @@ fn mig_device_facts(
         device.compute_instance_id,
     );
     let missing = |cap: String| DiscoverError::CapMinorMissing {
-        path: root.join(procfs::MIG_MINORS),
+        path: proc_root.join(procfs::MIG_MINORS),
         cap,
         gpu: gpu.index,
         mig_index: device.mig_index,
@@ -247,8 +347,8 @@ fn mig_device_facts(
         .ok_or_else(|| missing(format!("gpu{g}/gi{gi}/ci{ci}/access")))?;
     Ok(MigDeviceFacts {
         device,
-        gi_cap: cap_node(root, caps_major, gi_minor),
-        ci_cap: cap_node(root, caps_major, ci_minor),
+        gi_cap: cap_node(dev_root, caps_major, gi_minor),
+        ci_cap: cap_node(dev_root, caps_major, ci_minor),
     })
 }
 
@@ -294,6 +394,8 @@ mod tests {
             .with_char_device(r.join("dev/nvidia-uvm"), 505, 0)
             .with_char_device(r.join("dev/nvidia-uvm-tools"), 505, 1);
         write(r, "proc/devices", PROC_DEVICES);
+        // A whole system's view: its /proc is the driver root's (Layout::new).
+        write(r, "proc/driver/nvidia/version", "NVRM version: 550.54.14\n");
         write(
             r,
             "proc/driver/nvidia-caps/mig-minors",
@@ -523,6 +625,93 @@ mod tests {
         assert!(
             matches!(err, DiscoverError::Devices(DevicesError::Missing { .. })),
             "{err:?}"
+        );
+    }
+
+    #[test]
+    fn proc_is_under_the_driver_root_only_when_the_root_carries_the_driver_s_proc() {
+        let node = node_root();
+        assert_eq!(Layout::new(node.path()).proc_root, node.path());
+        let install = tempfile::tempdir().unwrap();
+        write(install.path(), "lib64/libcuda.so.1", "");
+        let layout = Layout::new(install.path());
+        assert_eq!(layout.proc_root, Path::new("/"));
+        assert_eq!(layout.dev_root, install.path());
+        let layout = Layout::from_flags(install.path(), Some(Path::new("/")), Some(node.path()));
+        assert_eq!(
+            (layout.dev_root.as_path(), layout.proc_root.as_path()),
+            (Path::new("/"), node.path())
+        );
+    }
+
+    /// GKE's split: driver files in an install directory (`lib64/`, `bin/`),
+    /// device nodes and /proc elsewhere.
+    #[test]
+    fn a_split_layout_takes_nodes_proc_and_files_from_their_own_roots() {
+        let system = node_root();
+        let install = tempfile::tempdir().unwrap();
+        let i = install.path();
+        fs::create_dir_all(i.join("lib64")).unwrap();
+        fs::write(
+            i.join("lib64/libcuda.so.550.54.14"),
+            crate::soname::minimal_shared_object("libcuda.so.1"),
+        )
+        .unwrap();
+        write(i, "bin/nvidia-smi", "");
+        let layout = Layout {
+            driver_root: i.to_path_buf(),
+            dev_root: system.path().to_path_buf(),
+            proc_root: system.path().to_path_buf(),
+        };
+        let driver = FakeDriver::new()
+            .with_gpu(FakeGpu::a100_40gb(0).with_minor(2))
+            .with_mig_device(0, 19, p(0, 1));
+        let facts = discover_in_with(&layout, &driver, &system.nodes).unwrap();
+        let gpu = &facts.gpus[0];
+        assert_eq!(
+            gpu.node.host_path,
+            system.path().join("dev/nvidia2").display().to_string()
+        );
+        // Cap minors from the proc root's mig-minors, nodes under the dev root.
+        let mig = &gpu.mig_devices[0];
+        assert_eq!((mig.gi_cap.major, mig.gi_cap.minor), (238, 210));
+        assert!(
+            mig.gi_cap
+                .host_path
+                .starts_with(&system.path().display().to_string())
+        );
+        assert_eq!(facts.control_nodes[0].container_path, "/dev/nvidiactl");
+        let libs: Vec<(&str, &str)> = facts
+            .libraries
+            .iter()
+            .map(|f| (f.container_path.as_str(), f.host_path.as_str()))
+            .collect();
+        let host = |rel: &str| i.join(rel).display().to_string();
+        assert_eq!(
+            libs,
+            [
+                (
+                    "/lib64/libcuda.so.550.54.14",
+                    host("lib64/libcuda.so.550.54.14").as_str()
+                ),
+                (
+                    "/lib64/libcuda.so.1",
+                    host("lib64/libcuda.so.550.54.14").as_str()
+                ),
+                ("/bin/nvidia-smi", host("bin/nvidia-smi").as_str()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_dev_root_is_one_line() {
+        let node = node_root();
+        let layout =
+            Layout::from_flags(node.path(), Some(Path::new("/nonexistent-dev-root")), None);
+        let err = discover_in_with(&layout, &FakeDriver::new(), &node.nodes).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "dev root /nonexistent-dev-root: No such file or directory"
         );
     }
 }

@@ -168,6 +168,8 @@ struct State {
     lost: BTreeSet<u32>,
     processes: BTreeMap<u32, Vec<GpuProcess>>,
     utilization: BTreeMap<u32, Vec<ProcessUtilization>>,
+    /// Per GPU: device memory used, bytes, and utilization, percent.
+    usage: BTreeMap<u32, (u64, u32)>,
 }
 
 /// An in-memory GPU driver that records its calls. See the [module docs](self).
@@ -288,6 +290,13 @@ impl FakeDriver {
     /// with `timestamp_us > since_us`) from now on.
     pub fn set_process_utilization(&self, gpu: u32, samples: Vec<ProcessUtilization>) {
         self.lock().utilization.insert(gpu, samples);
+    }
+
+    /// What `memory_info(gpu)` reports as used (the total is the GPU's
+    /// memory) and `utilization(gpu)` as the GPU's utilization from now on;
+    /// both report 0 until set.
+    pub fn set_usage(&self, gpu: u32, used_bytes: u64, percent: u32) {
+        self.lock().usage.insert(gpu, (used_bytes, percent));
     }
 
     /// The calls made so far, oldest first, in the form `name(arg, …)`.
@@ -644,6 +653,19 @@ impl GpuDriver for FakeDriver {
             .unwrap_or_default())
     }
 
+    fn memory_info(&self, gpu: u32) -> Result<(u64, u64), DriverError> {
+        let state = self.call("memory_info", format!("{gpu}"))?;
+        let total = state.gpu(gpu)?.gpu.info.memory_mib << 20;
+        let used = state.usage.get(&gpu).map_or(0, |u| u.0);
+        Ok((used, total))
+    }
+
+    fn utilization(&self, gpu: u32) -> Result<u32, DriverError> {
+        let state = self.call("utilization", format!("{gpu}"))?;
+        state.gpu(gpu)?;
+        Ok(state.usage.get(&gpu).map_or(0, |u| u.1))
+    }
+
     fn mig_devices(&self, gpu: u32) -> Result<Vec<MigDevice>, DriverError> {
         let state = self.call("mig_devices", format!("{gpu}"))?;
         let g = state.gpu(gpu)?;
@@ -923,5 +945,26 @@ mod tests {
                 .calls()
                 .contains(&"process_utilization(0, 150)".to_string())
         );
+    }
+
+    #[test]
+    fn whole_gpu_memory_and_utilization_are_scripted() {
+        let driver = a100();
+        let total = driver.gpus().unwrap()[0].memory_mib << 20;
+        assert!(total > 0);
+        assert_eq!(driver.memory_info(0).unwrap(), (0, total));
+        assert_eq!(driver.utilization(0).unwrap(), 0);
+        driver.set_usage(0, 3 << 30, 75);
+        assert_eq!(driver.memory_info(0).unwrap(), (3 << 30, total));
+        assert_eq!(driver.utilization(0).unwrap(), 75);
+        assert!(matches!(
+            driver.memory_info(5),
+            Err(DriverError::NotFound(_))
+        ));
+        driver.set_lost(0, true);
+        assert!(matches!(
+            driver.utilization(0),
+            Err(DriverError::GpuLost(_))
+        ));
     }
 }

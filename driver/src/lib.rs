@@ -13,6 +13,7 @@ pub mod fake;
 pub mod nvml;
 mod nvml_raw;
 pub mod procfs;
+pub mod soname;
 
 use tessera_model::gpu::{
     ComputeInstance, GpuInfo, GpuInstance, GpuInstanceProfileInfo, MigDevice,
@@ -180,6 +181,22 @@ pub trait GpuDriver {
         let _ = since_us;
         Err(DriverError::NotSupported(format!(
             "process utilization on GPU {gpu}"
+        )))
+    }
+
+    /// The whole GPU's device memory `(used, total)`, bytes
+    /// (`nvmlDeviceGetMemoryInfo`).
+    fn memory_info(&self, gpu: u32) -> Result<(u64, u64), DriverError> {
+        Err(DriverError::NotSupported(format!(
+            "memory info of GPU {gpu}"
+        )))
+    }
+
+    /// The whole GPU's utilization over the driver's last sample period,
+    /// percent (`nvmlDeviceGetUtilizationRates`, its `gpu` figure).
+    fn utilization(&self, gpu: u32) -> Result<u32, DriverError> {
+        Err(DriverError::NotSupported(format!(
+            "utilization of GPU {gpu}"
         )))
     }
 }

@@ -708,6 +708,24 @@ impl GpuDriver for NvmlDriver {
             .collect())
     }
 
+    fn memory_info(&self, gpu: u32) -> Result<(u64, u64), DriverError> {
+        const CALL: &str = "nvmlDeviceGetMemoryInfo_v2";
+        let device = self.device(gpu)?;
+        let memory = device
+            .memory_info()
+            .map_err(|e| optional_error(CALL, e, format!("gpu {gpu}")))?;
+        Ok((memory.used, memory.total))
+    }
+
+    fn utilization(&self, gpu: u32) -> Result<u32, DriverError> {
+        const CALL: &str = "nvmlDeviceGetUtilizationRates";
+        let device = self.device(gpu)?;
+        let rates = device
+            .utilization_rates()
+            .map_err(|e| optional_error(CALL, e, format!("gpu {gpu}")))?;
+        Ok(rates.gpu)
+    }
+
     fn mig_devices(&self, gpu: u32) -> Result<Vec<MigDevice>, DriverError> {
         let device = self.device(gpu)?;
         match device.mig_mode() {

@@ -1,4 +1,5 @@
-//! `NvmlDriver`'s health and process methods against the simulated node:
+//! `NvmlDriver`'s health, process and whole-GPU usage methods against the
+//! simulated node:
 //! XIDs and lost GPUs injected from another process (the `tessera-sim`
 //! binary), seen through the NVML stand-in's event sets and return codes;
 //! processes and their utilization from the files the CUDA stand-in
@@ -14,40 +15,16 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tessera_driver::devices::find_nvml_library;
-use tessera_driver::nvml::NvmlDriver;
 use tessera_driver::{DriverError, GpuDriver, GpuProcess, HealthEvent};
-use tessera_test_support::node::SimNode;
-use tessera_test_support::{Need, artefact, require};
+use tessera_test_support::artefact;
+
+#[macro_use]
+mod common;
+use common::load;
 
 /// The demo node's plain GPU (an H100) and MIG GPU (an A100-40GB).
 const PLAIN_GPU: u32 = 0;
 const MIG_GPU: u32 = 1;
-
-macro_rules! demo_node_or_skip {
-    () => {{
-        let unset = std::env::var_os("TESSERA_SIM_ROOT").is_none_or(|v| v.is_empty());
-        let Ok(()) = require(&[
-            Need::condition(
-                unset,
-                "TESSERA_SIM_ROOT unset (the stand-in would serve that node instead)",
-                "unset TESSERA_SIM_ROOT",
-            ),
-            Need::Built("tessera-sim"),
-        ]) else {
-            return;
-        };
-        let Ok(node) = SimNode::profile("demo").build() else {
-            return;
-        };
-        node
-    }};
-}
-
-fn load(root: &Path) -> NvmlDriver {
-    let lib = find_nvml_library(root).expect("the sim node has libnvidia-ml.so.1");
-    NvmlDriver::load(&lib).expect("load the NVML stand-in")
-}
 
 /// Runs `tessera-sim <args> --root <root>`, which must succeed.
 fn sim(root: &Path, args: &[&str]) {
@@ -317,4 +294,23 @@ fn processes_and_their_utilization_come_from_the_cuda_stand_in_files() {
         [],
         "nothing newer than the last sample seen"
     );
+}
+
+#[test]
+fn whole_gpu_memory_and_utilization_come_through_the_stand_in() {
+    let node = demo_node_or_skip!();
+    let driver = load(node.root());
+    let total = driver.gpus().unwrap()[PLAIN_GPU as usize].memory_mib << 20;
+    assert_eq!(driver.memory_info(PLAIN_GPU).unwrap(), (0, total), "idle");
+    assert_eq!(driver.utilization(PLAIN_GPU).unwrap(), 0, "idle");
+
+    publish(node.root(), PLAIN_GPU, None, 3 << 30);
+    assert_eq!(driver.memory_info(PLAIN_GPU).unwrap(), (3 << 30, total));
+    // The samples written are not within NVML's last-second window on the
+    // node's monotonic clock: busy-ness counts nothing, the call answers.
+    assert!(driver.utilization(PLAIN_GPU).unwrap() <= 100);
+    assert!(matches!(
+        driver.memory_info(7),
+        Err(DriverError::NotFound(_))
+    ));
 }

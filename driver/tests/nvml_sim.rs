@@ -7,51 +7,22 @@
 //! (`cargo build --workspace`): `tessera-test-support`'s prerequisite rule
 //! skips (locally) or fails (`CI`, `TESSERA_REQUIRE_ALL=1`) without them.
 
-use std::path::Path;
 use std::process::Command;
 
-use tessera_driver::devices::find_nvml_library;
 use tessera_driver::discover::discover;
-use tessera_driver::nvml::NvmlDriver;
 use tessera_driver::{DriverError, GpuDriver};
 use tessera_model::mig::Placement;
-use tessera_test_support::node::SimNode;
-use tessera_test_support::{Need, artefact, require};
+use tessera_test_support::artefact;
+
+#[macro_use]
+mod common;
+use common::load;
 
 /// The index of the demo node's MIG GPU (an A100-40GB).
 const MIG_GPU: u32 = 1;
 
 fn p(start: u32, size: u32) -> Placement {
     Placement { start, size }
-}
-
-/// A demo node (`tessera-test-support`'s builder), or a skip by the one
-/// prerequisite rule. The stand-in is loaded in this process, so a
-/// `TESSERA_SIM_ROOT` in its environment would serve another node.
-macro_rules! demo_node_or_skip {
-    () => {{
-        let unset = std::env::var_os("TESSERA_SIM_ROOT").is_none_or(|v| v.is_empty());
-        let Ok(()) = require(&[
-            Need::condition(
-                unset,
-                "TESSERA_SIM_ROOT unset (the stand-in would serve that node instead)",
-                "unset TESSERA_SIM_ROOT",
-            ),
-            Need::Built("tessera-sim"),
-        ]) else {
-            return;
-        };
-        let Ok(node) = SimNode::profile("demo").build() else {
-            return;
-        };
-        node
-    }};
-}
-
-fn load(root: &Path) -> NvmlDriver {
-    let lib = find_nvml_library(root).expect("the sim node has libnvidia-ml.so.1");
-    assert_eq!(lib, root.join("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"));
-    NvmlDriver::load(&lib).expect("load the NVML stand-in")
 }
 
 #[test]
@@ -292,4 +263,40 @@ fn discover_on_the_demo_node() {
         libs.contains(&"/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
         "{libs:?}"
     );
+}
+
+#[test]
+fn discover_on_a_node_whose_minors_are_not_its_indexes() {
+    // probe-order: index 0 is minor 2 (MIG, two instances), index 1 minor 0,
+    // index 2 minor 5 (MIG, one instance).
+    let root = node_or_skip!("probe-order");
+    let driver = load(root.root());
+    let facts = discover(root.root(), &driver).unwrap();
+    let got: Vec<(u32, String, u32)> = facts
+        .gpus
+        .iter()
+        .map(|g| (g.info.index, g.node.container_path.clone(), g.node.minor))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, "/dev/nvidia2".to_string(), 2),
+            (1, "/dev/nvidia0".to_string(), 0),
+            (2, "/dev/nvidia5".to_string(), 5),
+        ]
+    );
+    let mig_minors =
+        std::fs::read_to_string(root.root().join("proc/driver/nvidia-caps/mig-minors")).unwrap();
+    for (gpu, minor) in [(0, 2), (2, 5)] {
+        let mig = &facts.gpus[gpu].mig_devices;
+        assert!(!mig.is_empty());
+        for m in mig {
+            // Each cap node is the mig-minors entry of the GPU's minor, not its index.
+            let line = mig_minors
+                .lines()
+                .find(|l| l.ends_with(&format!(" {}", m.gi_cap.minor)))
+                .unwrap();
+            assert!(line.starts_with(&format!("gpu{minor}/gi")), "{line}");
+        }
+    }
 }

@@ -11,9 +11,11 @@
 //! 6. enter the container's mount namespace, open its root, create the device
 //!    nodes and mount targets fd-relative ([`crate::rootfs`]), attach the
 //!    mounts, write the cgroup rules;
-//! 7. return to the host's mount namespace.
+//! 7. make the injected libraries findable by name: links and the
+//!    container's `/etc/ld.so.cache` ([`crate::libraries`]; warnings only);
+//! 8. return to the host's mount namespace.
 //!
-//! A failure in 4–7 undoes what this run created: container side first
+//! A failure in 4–6 undoes what this run created: container side first
 //! (still inside), then the host side.
 //!
 //! The container-side writes go through [`ContainerFs`]
@@ -34,10 +36,11 @@ use crate::container_fs::{ContainerFs, InRoot, MountSource};
 use crate::error::{HookError, Result};
 use crate::fsutil::file_type;
 use crate::journal::Journal;
+use crate::libraries::{self, library_targets};
 use crate::mounts::{Source, open_source};
 use crate::ns::{self, Container, RootProbe};
 use crate::oci::{Bundle, OciConfig};
-use crate::plan::{NodeKind, NodePlan, Plan, plan};
+use crate::plan::{ContainerPath, NodeKind, NodePlan, Plan, plan};
 use crate::procfs::Procfs;
 use crate::rootfs::Outcome;
 use crate::state::State;
@@ -124,6 +127,11 @@ pub fn inject(
         cgroup,
         owners,
         probe,
+        libraries: if ctx.config.update_ldcache {
+            library_targets(edits)
+        } else {
+            Vec::new()
+        },
     };
 
     let mut host = Journal::default();
@@ -149,6 +157,8 @@ struct Prepared {
     /// Host uid and gid of each node, in node order.
     owners: Vec<(u32, u32)>,
     probe: RootProbe,
+    /// The libraries to link and register once mounted.
+    libraries: Vec<ContainerPath>,
 }
 
 fn host_then_container(
@@ -182,6 +192,7 @@ fn in_container(ctx: &Context<'_>, prepared: Prepared, sources: Vec<Source>) -> 
         cgroup,
         owners,
         probe,
+        libraries,
     } = prepared;
     let rootfs = ctx.bundle.rootfs(ctx.oci);
     let root = probe.open(ctx.container, rootfs.as_deref(), ctx.procfs)?;
@@ -195,7 +206,57 @@ fn in_container(ctx: &Context<'_>, prepared: Prepared, sources: Vec<Source>) -> 
         mounts: sources,
         rules,
     };
-    write_container(&mut fs, writes)
+    let report = write_container(&mut fs, writes)?;
+    log_libraries(&libraries::refresh(&root, &libraries));
+    Ok(report)
+}
+
+/// Says what [`libraries::refresh`] did: each problem at `warn`, the rest at `info`.
+fn log_libraries(report: &libraries::Report) {
+    for w in &report.warnings {
+        crate::warn!("library visibility: {w}");
+    }
+    if report.libraries > 0 {
+        crate::info!(
+            "{} driver libraries: {} links made, {} cache entries{}",
+            report.libraries,
+            report.links,
+            report.entries,
+            if report.cache_written {
+                ""
+            } else {
+                " (cache not written)"
+            }
+        );
+    }
+}
+
+/// For a container whose spec the runtime applied (its mounts are in
+/// place): enters its mount namespace and makes the spec's libraries
+/// findable by name ([`crate::libraries`]). Never fails the container: every
+/// problem is a warning.
+pub fn refresh_libraries(ctx: &Context<'_>, edits: &ContainerEdits) {
+    if !ctx.config.update_ldcache {
+        return;
+    }
+    let targets = library_targets(edits);
+    if targets.is_empty() {
+        return;
+    }
+    let run = || -> Result<libraries::Report> {
+        let probe = RootProbe::take(ctx.container)?;
+        let entered = ns::enter(ctx.procfs, ctx.container)?;
+        let rootfs = ctx.bundle.rootfs(ctx.oci);
+        let report = probe
+            .open(ctx.container, rootfs.as_deref(), ctx.procfs)
+            .map(|root| libraries::refresh(&root, &targets));
+        entered.leave()?;
+        report
+    };
+    match run() {
+        Ok(report) => log_libraries(&report),
+        Err(e) => crate::warn!("library visibility: {e}; the container starts without it"),
+    }
 }
 
 /// What injection writes in the container.

@@ -5,6 +5,16 @@
 //! input (state, `config.json`, `hook.toml`, the spec and its trust checks, the
 //! allocation id, the injection plan, the device cgroup, the container's
 //! namespaces) is read and checked before the first write.
+//!
+//! A container that asks for nothing (no allocation, no
+//! `NVIDIA_VISIBLE_DEVICES`) normally takes the fast path without reading
+//! `hook.toml`. The exception is a container whose `config.json` has a mount
+//! of a host file to a `lib*.so*` path (checked in memory): one started with
+//! the static spec's `tessera.io/gpu=<n>` through CDI runs this hook (the
+//! spec's `createContainer` entry) and needs its libraries registered like any
+//! other. Then the trusted static spec is read, and the mounts it names that
+//! the runtime applied unchanged get their links and cache entries; a problem
+//! is only a warning.
 
 use std::io::Read;
 
@@ -20,12 +30,13 @@ use crate::config::{self, HookConfig};
 use crate::decision::{Decision, Inputs, SpecFound, SpecRef, decide};
 use crate::error::{HookError, Result};
 use crate::journal::Journal;
+use crate::libraries::{config_has_library_mounts, library_targets};
 use crate::log;
 use crate::ns;
 use crate::oci::{Bundle, OciConfig};
 use crate::procfs::Procfs;
 use crate::request::{Request, parse_request};
-use crate::specs::{load_alloc_edits, load_spec, static_edits};
+use crate::specs::{applied_mounts, load_alloc_edits, load_spec, static_edits};
 use crate::state::{State, read_state};
 use crate::trust::TrustedDir;
 
@@ -58,6 +69,9 @@ pub fn run(cli: &Cli, stdin: impl Read) -> Result<Outcome> {
     let bundle = Bundle::open(&state.bundle)?;
     let oci = bundle.config()?;
     let request = parse_request(&oci.annotations, oci.env()).map_err(HookError::Refused)?;
+    if request.is_empty() && cli.verb == Verb::Prestart && config_has_library_mounts(&oci) {
+        return Ok(static_libraries(cli, &state, &bundle, &oci));
+    }
     if request.is_empty() || (cli.verb == Verb::Poststop && request.alloc.is_none()) {
         return Ok(Outcome::NothingRequested);
     }
@@ -66,6 +80,52 @@ pub fn run(cli: &Cli, stdin: impl Read) -> Result<Outcome> {
     match cli.verb {
         Verb::Prestart => prestart(&config, &state, &bundle, &oci, request),
         Verb::Poststop => poststop(&config, &state, request),
+    }
+}
+
+/// `prestart` for a container that asks the hook for nothing yet has driver
+/// libraries bind-mounted: a CDI request for the static spec's
+/// `tessera.io/gpu=<n>`, which the runtime applied. Its libraries get their
+/// links and cache entries as an applied allocation's do, but only the
+/// mounts the trusted static spec names with the same source and destination
+/// ([`applied_mounts`]) count: a mount the pod asked for itself is never
+/// registered. Never fails the container: each problem is a warning, and the
+/// outcome is then [`Outcome::NothingRequested`].
+fn static_libraries(cli: &Cli, state: &State, bundle: &Bundle, oci: &OciConfig) -> Outcome {
+    let run = || -> Result<bool> {
+        let config = config::load(cli.config.as_deref())?;
+        log::set_level(config.log_level);
+        if !config.update_ldcache {
+            return Ok(false);
+        }
+        let cdi = TrustedDir::open(&config.cdi_dir)?;
+        let Some(spec) = load_spec(cdi.as_ref(), STATIC_SPEC_FILE)? else {
+            return Ok(false);
+        };
+        let edits = applied_mounts(&spec, oci);
+        if library_targets(&edits).is_empty() {
+            return Ok(false);
+        }
+        let procfs = Procfs::open().map_err(|e| HookError::apply("opening /proc", e))?;
+        let container = ns::locate(&procfs, state, bundle, oci)?;
+        let ctx = Context {
+            config: &config,
+            state,
+            bundle,
+            oci,
+            procfs: &procfs,
+            container: &container,
+        };
+        apply::refresh_libraries(&ctx, &edits);
+        Ok(true)
+    };
+    match run() {
+        Ok(true) => Outcome::AlreadyApplied,
+        Ok(false) => Outcome::NothingRequested,
+        Err(e) => {
+            crate::warn!("library visibility: {e}; the container starts without it");
+            Outcome::NothingRequested
+        }
     }
 }
 
@@ -84,6 +144,8 @@ pub fn edits_applied(edits: &ContainerEdits, oci: &OciConfig) -> bool {
 
 /// What `prestart` does once the container's init is found.
 enum Act {
+    /// The runtime applied the static spec: only the libraries' links and cache.
+    Applied,
     /// Record the binding of an allocation the runtime applied.
     Bind(AllocId),
     /// Apply the edits (and bind the allocation, if any).
@@ -140,14 +202,25 @@ fn prestart(
             return Ok(Outcome::Ignored(why));
         }
         Decision::Refuse(why) => return Err(HookError::Refused(why)),
-        Decision::AlreadyApplied => return Ok(Outcome::AlreadyApplied),
+        Decision::AlreadyApplied if !config.update_ldcache => {
+            return Ok(Outcome::AlreadyApplied);
+        }
+        Decision::AlreadyApplied => Act::Applied,
         // `decide` asks for a spec only while none was read.
         Decision::ReadSpec(which) => unreachable!("{which:?} asked for after it was read"),
         Decision::Bind(id) => Act::Bind(id),
         Decision::Inject(id) => Act::Inject(id),
     };
     let procfs = Procfs::open().map_err(|e| HookError::apply("opening /proc", e))?;
-    let container = ns::locate(&procfs, state, bundle, oci)?;
+    let container = match (ns::locate(&procfs, state, bundle, oci), &act) {
+        (Ok(container), _) => container,
+        // Nothing to bind or inject: the libraries' cache is not worth failing for.
+        (Err(e), Act::Applied) => {
+            crate::warn!("library visibility: {e}; the container starts without it");
+            return Ok(Outcome::AlreadyApplied);
+        }
+        (Err(e), _) => return Err(e),
+    };
     let ctx = Context {
         config,
         state,
@@ -157,6 +230,12 @@ fn prestart(
         container: &container,
     };
     let id = match act {
+        Act::Applied => {
+            if let Some(edits) = &edits {
+                apply::refresh_libraries(&ctx, edits);
+            }
+            return Ok(Outcome::AlreadyApplied);
+        }
         Act::Bind(id) => {
             let mut journal = Journal::default();
             match record_binding(&ctx, &id, "cdi", &mut journal) {
@@ -165,6 +244,9 @@ fn prestart(
                     journal.undo(None);
                     return Err(e);
                 }
+            }
+            if let Some(edits) = &edits {
+                apply::refresh_libraries(&ctx, edits);
             }
             crate::info!(
                 "allocation {id}: bound container {} (pid {}); the runtime applied the spec",

@@ -6,6 +6,7 @@
 //! state_dir = "/var/lib/tessera"           # binding records: <state_dir>/alloc/<id>/
 //! accept_nvidia_visible_devices = false    # serve NVIDIA_VISIBLE_DEVICES requests
 //! log_level = "warn"                       # error | warn | info | debug
+//! update_ldcache = true                    # links + /etc/ld.so.cache for injected libraries
 //! ```
 //!
 //! The file is a trusted file ([`crate::trust`]): it decides where specs are
@@ -41,6 +42,10 @@ pub struct HookConfig {
     pub accept_nvidia_visible_devices: bool,
     /// How much the hook says on stderr.
     pub log_level: Level,
+    /// Whether the injected driver libraries get their SONAME and
+    /// development links and entries in the container's `/etc/ld.so.cache`
+    /// ([`crate::libraries`]).
+    pub update_ldcache: bool,
 }
 
 impl Default for HookConfig {
@@ -50,6 +55,7 @@ impl Default for HookConfig {
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             accept_nvidia_visible_devices: false,
             log_level: Level::Warn,
+            update_ldcache: true,
         }
     }
 }
@@ -102,13 +108,15 @@ mod tests {
     fn empty_file_gives_the_defaults_and_every_key_parses() {
         assert_eq!(parse_config(""), Ok(HookConfig::default()));
         let c = parse_config(
-            "cdi_dir = \"/tmp/cdi\"\nstate_dir = \"/tmp/state\"\naccept_nvidia_visible_devices = true\nlog_level = \"debug\"\n",
+            "cdi_dir = \"/tmp/cdi\"\nstate_dir = \"/tmp/state\"\naccept_nvidia_visible_devices = true\nlog_level = \"debug\"\nupdate_ldcache = false\n",
         )
         .expect("all keys");
         assert_eq!(c.cdi_dir, Path::new("/tmp/cdi"));
         assert_eq!(c.state_dir, Path::new("/tmp/state"));
         assert!(c.accept_nvidia_visible_devices);
         assert_eq!(c.log_level, Level::Debug);
+        assert!(!c.update_ldcache);
+        assert!(HookConfig::default().update_ldcache);
     }
 
     #[test]

@@ -22,6 +22,12 @@
 //! | `NVIDIA_VISIBLE_DEVICES` | on | not applied | inject |
 //!
 //! Env alone never requests devices: any image can set an env variable.
+//!
+//! A container that asks for nothing (no allocation, no
+//! `NVIDIA_VISIBLE_DEVICES`) never gets here: it takes the fast path, or —
+//! when the runtime applied the static spec through CDI and its library
+//! mounts are in `config.json` — only has those libraries registered
+//! (`commands::static_libraries`); nothing is bound or injected for it.
 
 use std::path::Path;
 

@@ -75,6 +75,9 @@ pub struct Root {
 pub struct MountEntry {
     /// Path in the container.
     pub destination: String,
+    /// What is mounted (the host path of a bind mount).
+    #[serde(default)]
+    pub source: Option<String>,
 }
 
 /// `linux`.

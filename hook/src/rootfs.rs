@@ -151,6 +151,25 @@ impl ContainerRoot {
         open2(self.fd(), &path, OFlags::PATH | flags, in_root())
     }
 
+    /// Opens the regular file `components` for reading, resolved in the root
+    /// (`O_NONBLOCK | O_NOCTTY`, so a FIFO or device put there cannot block
+    /// or become a terminal); anything but a regular file is refused.
+    pub fn open_regular(&self, components: &[String]) -> io::Result<OwnedFd> {
+        let fd = open2(
+            self.fd(),
+            &components.join("/"),
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+            in_root(),
+        )?;
+        if file_type(&rustix::fs::fstat(&fd)?) != FileType::RegularFile {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        Ok(fd)
+    }
+
     /// Makes the directory `components` (mode 0755, owned by the hook, i.e.
     /// root) in its existing parent, unless an entry of that name is there
     /// (of any type: its user checks it).

@@ -12,6 +12,7 @@ use tessera_model::contract::cdi::{ALL_DEVICES, ALLOC_KIND, GPU_KIND};
 use tessera_model::contract::env::VISIBLE_DEVICES;
 
 use crate::error::{HookError, Result, one_line};
+use crate::oci::OciConfig;
 use crate::request::VisibleDevices;
 use crate::trust::TrustedDir;
 
@@ -78,6 +79,26 @@ pub fn static_edits(
         edits.append(&device.container_edits);
     }
     Ok(edits)
+}
+
+/// The mounts of `spec` (its spec-level edits and every device's) that the
+/// runtime put in the container's config as they are: a config mount with the
+/// same destination and the same source. These are the host files a
+/// container that asked the hook for nothing got from a trusted spec, and the
+/// only ones [`crate::libraries`] may register for it.
+pub fn applied_mounts(spec: &Spec, oci: &OciConfig) -> ContainerEdits {
+    let mut edits = ContainerEdits::default();
+    let all = std::iter::once(&spec.container_edits)
+        .chain(spec.devices.iter().map(|d| &d.container_edits));
+    for m in all.flat_map(|e| &e.mounts) {
+        let applied = oci.mounts.iter().any(|c| {
+            c.destination == m.container_path && c.source.as_deref() == Some(m.host_path.as_str())
+        });
+        if applied && !edits.mounts.contains(m) {
+            edits.mounts.push(m.clone());
+        }
+    }
+    edits
 }
 
 /// Reads, parses and validates a spec file from the trusted directory;
@@ -251,6 +272,40 @@ mod tests {
         assert!(
             e.contains("\"7\"") && e.contains("devices: 0, GPU-aaaa, 1, all"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn only_spec_mounts_applied_with_the_same_source_count() {
+        let spec = Spec::new(
+            GPU_KIND,
+            vec![Device::new("0", edits_with(vec![node("/dev/nvidia0", 0)]))],
+            common(),
+        )
+        .expect("static spec");
+        let config = |mounts: serde_json::Value| {
+            crate::oci::parse_config(
+                serde_json::json!({ "mounts": mounts })
+                    .to_string()
+                    .as_bytes(),
+            )
+            .expect("config")
+        };
+        let applied = config(serde_json::json!([
+            {"destination": "/proc", "source": "proc", "type": "proc"},
+            {"destination": CONTAINER_LIBRARY, "source": HOST_LIBRARY, "type": "bind"},
+        ]));
+        let edits = applied_mounts(&spec, &applied);
+        assert_eq!(edits.mounts, common().mounts);
+        // The same destination from another source (the pod's own volume) is not the spec's.
+        let other = config(serde_json::json!([
+            {"destination": CONTAINER_LIBRARY, "source": "/home/user/evil.so", "type": "bind"},
+        ]));
+        assert!(applied_mounts(&spec, &other).mounts.is_empty());
+        assert!(
+            applied_mounts(&spec, &config(serde_json::json!([])))
+                .mounts
+                .is_empty()
         );
     }
 }

@@ -2,7 +2,7 @@
 //! discovery and spec writing. Nothing here reads the host.
 
 use crate::cdi::{ContainerEdits, Device, DeviceNode, Hook, Mount};
-use crate::facts::{CharDevice, GpuFacts, HostFile, MigDeviceFacts, NodeFacts};
+use crate::facts::{CharDevice, GpuFacts, HostFile, LibraryGroups, MigDeviceFacts, NodeFacts};
 
 /// Where the Tessera hook lives on the host and the environment it runs with.
 ///
@@ -93,12 +93,25 @@ pub fn for_mig(parent: &GpuFacts, mig: &MigDeviceFacts) -> ContainerEdits {
     }
 }
 
+/// The read-only bind mounts of the driver files of `groups`, in discovery
+/// order, each at the container path the host has (a versioned library and its
+/// SONAME name are two mounts of the same file).
+pub fn library_mounts(facts: &NodeFacts, groups: &LibraryGroups) -> Vec<Mount> {
+    facts
+        .libraries
+        .iter()
+        .filter(|f| groups.contains(f.group))
+        .map(library_mount)
+        .collect()
+}
+
 /// Edits every GPU container of the node needs once: control and UVM nodes,
-/// the driver's libraries and tools (read-only), and the Tessera hook.
+/// the driver files of `groups` (read-only, [`library_mounts`]), and the
+/// Tessera hook.
 ///
 /// `NVIDIA_VISIBLE_DEVICES=void` keeps a legacy NVIDIA runtime hook on the same
 /// node from injecting devices a second time, as NVIDIA's own CDI specs do.
-pub fn common(facts: &NodeFacts, hook: &HookSettings) -> ContainerEdits {
+pub fn common(facts: &NodeFacts, hook: &HookSettings, groups: &LibraryGroups) -> ContainerEdits {
     ContainerEdits {
         env: vec!["NVIDIA_VISIBLE_DEVICES=void".to_owned()],
         device_nodes: facts.control_nodes.iter().map(device_node).collect(),
@@ -109,7 +122,7 @@ pub fn common(facts: &NodeFacts, hook: &HookSettings) -> ContainerEdits {
             env: hook.env.clone(),
             timeout: None,
         }],
-        mounts: facts.libraries.iter().map(library_mount).collect(),
+        mounts: library_mounts(facts, groups),
         ..ContainerEdits::default()
     }
 }
@@ -164,6 +177,7 @@ pub fn static_devices(facts: &NodeFacts) -> Vec<Device> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::facts::LibraryGroup;
     use crate::gpu::{GpuInfo, MigDevice, MigModeState};
     use crate::mig::Placement;
 
@@ -321,13 +335,58 @@ mod tests {
             libraries: vec![HostFile {
                 host_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".to_owned(),
                 container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".to_owned(),
+                group: LibraryGroup::Compute,
             }],
         };
-        let edits = common(&facts, &HookSettings::default());
+        let edits = common(&facts, &HookSettings::default(), &LibraryGroups::default());
         assert_eq!(edits.hooks.len(), 1);
         assert_eq!(edits.hooks[0].hook_name, "createContainer");
         assert_eq!(edits.hooks[0].env, [HOOK_PATH_ENV]);
         assert!(edits.mounts[0].options.contains(&"ro".to_owned()));
         assert_eq!(edits.device_nodes[0].path, "/dev/nvidiactl");
+    }
+
+    #[test]
+    fn only_the_chosen_groups_are_mounted() {
+        let file = |path: &str, group| HostFile {
+            host_path: format!("/home/kubernetes/bin/nvidia{path}"),
+            container_path: path.to_owned(),
+            group,
+        };
+        let facts = NodeFacts {
+            driver_version: Some("550.54.14".to_owned()),
+            gpus: vec![],
+            control_nodes: vec![],
+            libraries: vec![
+                file("/lib64/libcuda.so.550.54.14", LibraryGroup::Compute),
+                file("/lib64/libcuda.so.1", LibraryGroup::Compute),
+                file("/lib64/libnvcuvid.so.550.54.14", LibraryGroup::Video),
+                file("/lib64/libnvoptix.so.550.54.14", LibraryGroup::Graphics),
+                file("/bin/nvidia-smi", LibraryGroup::Utilities),
+            ],
+        };
+        let paths = |groups: &str| -> Vec<String> {
+            library_mounts(&facts, &groups.parse().unwrap())
+                .into_iter()
+                .map(|m| m.container_path)
+                .collect()
+        };
+        assert_eq!(
+            paths("compute,video,utilities"),
+            [
+                "/lib64/libcuda.so.550.54.14",
+                "/lib64/libcuda.so.1",
+                "/lib64/libnvcuvid.so.550.54.14",
+                "/bin/nvidia-smi"
+            ]
+        );
+        assert_eq!(paths("graphics"), ["/lib64/libnvoptix.so.550.54.14"]);
+        assert_eq!(paths("all").len(), 5);
+        let mount = &library_mounts(&facts, &LibraryGroups::all())[0];
+        assert_eq!(
+            mount.host_path,
+            "/home/kubernetes/bin/nvidia/lib64/libcuda.so.550.54.14"
+        );
+        assert_eq!(mount.options, LIBRARY_MOUNT_OPTIONS);
     }
 }

@@ -1,5 +1,9 @@
 //! Host facts found by discovery, the input of the pure edits layer.
 
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+
 use serde::{Deserialize, Serialize};
 
 use crate::gpu::{GpuInfo, MigDevice};
@@ -18,7 +22,8 @@ pub struct CharDevice {
     pub minor: u32,
 }
 
-/// A host file (driver library or tool) that containers get as a read-only bind mount.
+/// A host file (driver library, tool, firmware or socket) that containers get
+/// as a read-only bind mount.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HostFile {
@@ -26,6 +31,143 @@ pub struct HostFile {
     pub host_path: String,
     /// Path inside the container.
     pub container_path: String,
+    /// The group the file belongs to; only files of the chosen groups are
+    /// mounted (see [`LibraryGroups`]).
+    #[serde(default)]
+    pub group: LibraryGroup,
+}
+
+/// A group of driver files, chosen as a whole (`--library-groups`), like
+/// NVIDIA's driver capabilities.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LibraryGroup {
+    /// CUDA and NVML: `libcuda`, `libnvidia-ml`, the JIT and NVVM compilers,
+    /// OpenCL, the allocator and config libraries, the MPS binaries, GSP firmware.
+    #[default]
+    Compute,
+    /// Video encode and decode: `libnvcuvid`, `libnvidia-encode`, `libnvidia-opticalflow`.
+    Video,
+    /// OpenGL, EGL, GLES, Vulkan ray tracing and OptiX (`libnvoptix`, `libnvidia-rtcore`, …).
+    Graphics,
+    /// The driver's tools (`nvidia-smi`, `nvidia-debugdump`, `nvidia-persistenced`)
+    /// and the `nvidia-persistenced` socket.
+    Utilities,
+}
+
+impl LibraryGroup {
+    /// Every group, in order.
+    pub const ALL: [Self; 4] = [Self::Compute, Self::Video, Self::Graphics, Self::Utilities];
+
+    /// The group's name on the command line and in listings.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Compute => "compute",
+            Self::Video => "video",
+            Self::Graphics => "graphics",
+            Self::Utilities => "utilities",
+        }
+    }
+}
+
+impl fmt::Display for LibraryGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A `--library-groups` value that is not a comma-separated list of groups.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{found:?} is not a library group list (want a comma-separated list of compute, video, graphics, utilities, or all)"
+)]
+pub struct LibraryGroupsError {
+    /// The offending text.
+    pub found: String,
+}
+
+impl FromStr for LibraryGroup {
+    type Err = LibraryGroupsError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|g| g.name() == s)
+            .ok_or_else(|| LibraryGroupsError {
+                found: s.to_owned(),
+            })
+    }
+}
+
+/// The driver-file groups containers get. The default is `compute,video,utilities`:
+/// NVIDIA's default capabilities (`compute,utility`) plus video decode and encode,
+/// which frameworks' data loaders use and which need nothing else from the host;
+/// graphics needs ICD files and display setup and is asked for explicitly.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LibraryGroups(BTreeSet<LibraryGroup>);
+
+impl LibraryGroups {
+    /// Exactly these groups.
+    pub fn of(groups: impl IntoIterator<Item = LibraryGroup>) -> Self {
+        Self(groups.into_iter().collect())
+    }
+
+    /// Every group.
+    pub fn all() -> Self {
+        Self::of(LibraryGroup::ALL)
+    }
+
+    /// Whether `group` is chosen.
+    pub fn contains(&self, group: LibraryGroup) -> bool {
+        self.0.contains(&group)
+    }
+
+    /// The chosen groups, in order.
+    pub fn iter(&self) -> impl Iterator<Item = LibraryGroup> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+impl Default for LibraryGroups {
+    fn default() -> Self {
+        Self::of([
+            LibraryGroup::Compute,
+            LibraryGroup::Video,
+            LibraryGroup::Utilities,
+        ])
+    }
+}
+
+impl fmt::Display for LibraryGroups {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.iter().map(LibraryGroup::name).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+impl FromStr for LibraryGroups {
+    type Err = LibraryGroupsError;
+
+    /// `compute,video`, `all`; spaces around names are ignored, an empty list
+    /// or an unknown name is an error.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || LibraryGroupsError {
+            found: s.to_owned(),
+        };
+        if s.trim() == "all" {
+            return Ok(Self::all());
+        }
+        let mut groups = BTreeSet::new();
+        for name in s.split(',') {
+            groups.insert(name.trim().parse::<LibraryGroup>().map_err(|_| err())?);
+        }
+        if groups.is_empty() {
+            return Err(err());
+        }
+        Ok(Self(groups))
+    }
 }
 
 /// A MIG device with the two capability nodes that grant access to it.
@@ -62,6 +204,35 @@ pub struct NodeFacts {
     pub gpus: Vec<GpuFacts>,
     /// Nodes every GPU container needs: `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`.
     pub control_nodes: Vec<CharDevice>,
-    /// Driver libraries and tools to bind read-only into containers.
+    /// Driver libraries, tools, firmware and sockets found, of every group;
+    /// the edits mount those of the chosen groups, read-only.
     pub libraries: Vec<HostFile>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_groups_parse_and_print() {
+        assert_eq!(
+            LibraryGroups::default().to_string(),
+            "compute,video,utilities"
+        );
+        let g: LibraryGroups = " graphics, compute".parse().unwrap();
+        assert_eq!(g.to_string(), "compute,graphics");
+        assert!(g.contains(LibraryGroup::Graphics) && !g.contains(LibraryGroup::Video));
+        assert_eq!(
+            "all".parse::<LibraryGroups>().unwrap(),
+            LibraryGroups::all()
+        );
+        for bad in ["", "compute,", "gpu", "compute,utility"] {
+            let err = bad.parse::<LibraryGroups>().unwrap_err();
+            assert_eq!(err.found, bad);
+            assert!(
+                err.to_string()
+                    .contains("compute, video, graphics, utilities")
+            );
+        }
+    }
 }

@@ -10,6 +10,7 @@
 pub mod alloc;
 pub mod cdi;
 pub mod contract;
+pub mod driver_files;
 pub mod edits;
 pub mod facts;
 pub mod gpu;

@@ -7,8 +7,8 @@
 //!     --sim-bin S --hook-bin H --vgpu-library L [--iterations 50]
 //! ```
 //!
-//! The driver plays kubelet: it serves Registration (and an empty
-//! PodResources) on `<dir>/device-plugins/kubelet.sock`, starts
+//! The driver plays kubelet (test-support's `FakeKubelet`: Registration on
+//! `<dir>/device-plugins/kubelet.sock`, an empty PodResources), starts
 //! `tessera-device-plugin` and, as the baseline, the trivial
 //! `example-device-plugin` (its Allocate answers a fixed CDI device: gRPC and
 //! registration alone), and, per iteration, plays the extender too: a pod
@@ -40,7 +40,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -54,9 +54,9 @@ use tessera_model::sched::allocation::{
     ALLOCATION_VERSION, Allocation, ContainerAllocation, DeviceAllocation,
 };
 use tessera_plugin::api::deviceplugin::v1beta1 as dp;
-use tessera_plugin::api::podresources::v1 as pr;
-use tonic::transport::{Channel, Endpoint, Server, Uri};
-use tonic::{Request, Response, Status};
+use tessera_plugin::server::unix_channel;
+use tessera_test_support::kubelet::FakeKubelet;
+use tonic::transport::Channel;
 
 #[derive(Parser)]
 struct Args {
@@ -94,83 +94,11 @@ const NODE: &str = "bench-node";
 const NAMESPACE: &str = "default";
 const BASELINE_SOCKET: &str = "bench-baseline.sock";
 
-// ------------------------------------------------------------ the kubelet
-
-/// Sockets that registered, by endpoint file name.
-#[derive(Clone, Default)]
-struct Kubelet {
-    registered: Arc<Mutex<Vec<String>>>,
-}
-
-#[tonic::async_trait]
-impl dp::registration_server::Registration for Kubelet {
-    async fn register(
-        &self,
-        request: Request<dp::RegisterRequest>,
-    ) -> Result<Response<dp::Empty>, Status> {
-        let endpoint = request.into_inner().endpoint;
-        self.registered
-            .lock()
-            .map_err(|_| Status::internal("poisoned"))?
-            .push(endpoint);
-        Ok(Response::new(dp::Empty {}))
-    }
-}
-
-/// PodResources with no pod: this kubelet runs nothing, so the plugin's
-/// reclaim decides on the API's word alone.
-#[derive(Clone, Default)]
-struct NoPods;
-
-#[tonic::async_trait]
-impl pr::pod_resources_lister_server::PodResourcesLister for NoPods {
-    async fn list(
-        &self,
-        _: Request<pr::ListPodResourcesRequest>,
-    ) -> Result<Response<pr::ListPodResourcesResponse>, Status> {
-        Ok(Response::new(pr::ListPodResourcesResponse::default()))
-    }
-
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<pr::AllocatableResourcesRequest>,
-    ) -> Result<Response<pr::AllocatableResourcesResponse>, Status> {
-        Ok(Response::new(pr::AllocatableResourcesResponse::default()))
-    }
-
-    async fn get(
-        &self,
-        _: Request<pr::GetPodResourcesRequest>,
-    ) -> Result<Response<pr::GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("Get is off, as with kubelet's default gate"))
-    }
-}
-
-fn serve_unix<S>(socket: &Path, router: S) -> Result<()>
-where
-    S: FnOnce(tokio_stream::wrappers::UnixListenerStream) -> tokio::task::JoinHandle<()>,
-{
-    let _ = std::fs::remove_file(socket);
-    let listener = tokio::net::UnixListener::bind(socket)
-        .with_context(|| format!("binding {}", socket.display()))?;
-    router(tokio_stream::wrappers::UnixListenerStream::new(listener));
-    Ok(())
-}
-
+/// Dials a plugin's socket.
 async fn dial(socket: &Path) -> Result<Channel> {
-    let path = socket.to_owned();
-    let channel = Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(hyper_util::rt::TokioIo::new)
-            }
-        }))
+    unix_channel(socket)
         .await
-        .with_context(|| format!("dialing {}", socket.display()))?;
-    Ok(channel)
+        .with_context(|| format!("dialing {}", socket.display()))
 }
 
 // ------------------------------------------------------------ the figures
@@ -222,7 +150,10 @@ impl Cluster {
                 namespace: Some(NAMESPACE.to_owned()),
                 annotations: Some(
                     [
-                        (annotations::ALLOCATION.to_owned(), allocation.to_annotation()),
+                        (
+                            annotations::ALLOCATION.to_owned(),
+                            allocation.to_annotation(),
+                        ),
                         (annotations::BIND_PHASE.to_owned(), "allocating".to_owned()),
                         (annotations::BIND_TIME.to_owned(), now.to_string()),
                     ]
@@ -358,7 +289,10 @@ async fn flip(
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let seen = devices.lock().map(|d| d.0).unwrap_or_else(|_| Instant::now());
+    let seen = devices
+        .lock()
+        .map(|d| d.0)
+        .unwrap_or_else(|_| Instant::now());
     Ok((ran, seen.saturating_duration_since(start)))
 }
 
@@ -380,57 +314,21 @@ async fn allocate(
 async fn main() -> Result<()> {
     let args = Args::parse();
     let kubelet_dir = tempfile::Builder::new().prefix("bp").tempdir_in("/tmp")?;
-    let plugins_dir = kubelet_dir.path().join("device-plugins");
-    std::fs::create_dir_all(&plugins_dir)?;
-    std::fs::create_dir_all(kubelet_dir.path().join("pod-resources"))?;
+    let kubelet = FakeKubelet::start(kubelet_dir.path())?;
+    let plugins_dir = kubelet.plugins_dir();
     let state = tempfile::tempdir()?;
     let cdi_dir = state.path().join("cdi");
 
-    let kubelet = Kubelet::default();
-    let registered = kubelet.registered.clone();
-    serve_unix(&plugins_dir.join("kubelet.sock"), |incoming| {
-        tokio::spawn(async move {
-            let _ = Server::builder()
-                .add_service(dp::registration_server::RegistrationServer::new(kubelet))
-                .serve_with_incoming(incoming)
-                .await;
-        })
-    })?;
-    serve_unix(
-        &kubelet_dir.path().join("pod-resources/kubelet.sock"),
-        |incoming| {
-            tokio::spawn(async move {
-                let _ = Server::builder()
-                    .add_service(pr::pod_resources_lister_server::PodResourcesListerServer::new(NoPods))
-                    .serve_with_incoming(incoming)
-                    .await;
-            })
-        },
-    )?;
-
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(&args.kubeconfig)?,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await?;
-    let client = kube::Client::try_from(config)?;
-    let nodes: Api<Node> = Api::all(client.clone());
-    if nodes.get_opt(NODE).await?.is_none() {
-        let node = Node {
-            metadata: ObjectMeta {
-                name: Some(NODE.to_owned()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        nodes.create(&PostParams::default(), &node).await?;
-    }
+    let client = tessera_test_support::kube::client(&args.kubeconfig).await?;
+    tessera_test_support::kube::ensure_node(&client, NODE).await?;
     let cluster = Cluster {
         pods: Api::namespaced(client.clone(), NAMESPACE),
         leases: Api::namespaced(client.clone(), cluster::DEFAULT_NAMESPACE),
     };
 
-    let driver = NvmlDriver::load(&tessera_driver::devices::find_nvml_library(&args.node_root)?)?;
+    let driver = NvmlDriver::load(&tessera_driver::devices::find_nvml_library(
+        &args.node_root,
+    )?)?;
     let gpus = driver.gpus()?;
     let share = gpus
         .iter()
@@ -449,10 +347,16 @@ async fn main() -> Result<()> {
         .min_by_key(|p| p.memory_mib)
         .context("no GPU-instance profile on the MIG GPU")?;
     let placements = driver.possible_placements(mig.index, profile.id)?;
-    ensure!(!placements.is_empty(), "no placement of profile {}", profile.id);
+    ensure!(
+        !placements.is_empty(),
+        "no placement of profile {}",
+        profile.id
+    );
 
     let plugin_log = std::fs::File::create(state.path().join("plugin.log"))?;
-    let mut plugins = Plugins { children: Vec::new() };
+    let mut plugins = Plugins {
+        children: Vec::new(),
+    };
     plugins.children.push(
         Command::new(&args.plugin_bin)
             .args(["--node-name", NODE, "--kubeconfig"])
@@ -486,11 +390,9 @@ async fn main() -> Result<()> {
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let done = registered
-            .lock()
-            .map(|r| r.iter().any(|e| e == PLUGIN_SOCKET) && r.iter().any(|e| e == BASELINE_SOCKET))
-            .unwrap_or(false);
-        if done {
+        if kubelet.registered(PLUGIN_SOCKET).is_some()
+            && kubelet.registered(BASELINE_SOCKET).is_some()
+        {
             break;
         }
         if Instant::now() > deadline {
@@ -557,7 +459,11 @@ async fn main() -> Result<()> {
             let pod = cluster.reserve(&name, &allocation(device)).await?;
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             let alloc_id = format!("{uid}-0");
-            let gpu = if kind == "share" { &share.uuid } else { &mig.uuid };
+            let gpu = if kind == "share" {
+                &share.uuid
+            } else {
+                &mig.uuid
+            };
             let (took, answer) = allocate(&mut plugin, vec![id_on(gpu)?]).await?;
             let response = answer
                 .container_responses
@@ -657,20 +563,32 @@ async fn main() -> Result<()> {
     xid_run.push(ran);
     xid_seen.push(seen);
 
-    println!(
-        "{:<58} {:>5} {:>9} {:>9}",
-        "what (ms)", "n", "p50", "p99"
-    );
+    println!("{:<58} {:>5} {:>9} {:>9}", "what (ms)", "n", "p50", "p99");
     for (samples, what) in [
         (&base_alloc, "Allocate, baseline plugin (fixed answer)"),
-        (&share_alloc, "Allocate, share slice (tessera-device-plugin)"),
-        (&mig_alloc, "Allocate, MIG 1g instance (tessera-device-plugin)"),
-        (&nvml_mig, "  of which NVML stand-in: GI+CI create and destroy"),
+        (
+            &share_alloc,
+            "Allocate, share slice (tessera-device-plugin)",
+        ),
+        (
+            &mig_alloc,
+            "Allocate, MIG 1g instance (tessera-device-plugin)",
+        ),
+        (
+            &nvml_mig,
+            "  of which NVML stand-in: GI+CI create and destroy",
+        ),
         (&reclaim_share, "reclaim, share: pod deleted -> spec gone"),
-        (&reclaim_mig, "reclaim, MIG: pod deleted -> spec and GI gone"),
+        (
+            &reclaim_mig,
+            "reclaim, MIG: pod deleted -> spec and GI gone",
+        ),
         (&lose_run, "tessera-sim lose-gpu (the call itself)"),
         (&lose_seen, "GPU lost -> ListAndWatch Unhealthy"),
-        (&restore_run, "tessera-sim lose-gpu --restore (the call itself)"),
+        (
+            &restore_run,
+            "tessera-sim lose-gpu --restore (the call itself)",
+        ),
         (&restore_seen, "GPU back -> ListAndWatch Healthy"),
         (&xid_run, "tessera-sim inject-xid 79 (the call itself)"),
         (&xid_seen, "XID 79 -> ListAndWatch Unhealthy"),

@@ -12,7 +12,8 @@
 //! lock released. On any failure: undo what this call created, `bind-phase:
 //! failed`, the lock released, and a gRPC error naming what and where.
 //!
-//! Also the undo half that reclaim reuses: [`destroy_instances`] and
+//! Also the undo half that reclaim reuses: [`destroy_instance`] (one
+//! recorded instance; [`destroy_instances`] is Allocate's loop over them) and
 //! [`remove_alloc_files`]; and [`lock_gpu`], the per-GPU lock every MIG
 //! create or destroy takes.
 
@@ -105,6 +106,12 @@ impl AllocateError {
         match self {
             AllocateError::Cluster(ClusterError::NoPod { .. } | ClusterError::Ambiguous { .. })
             | AllocateError::Reservation(_) => tonic::Status::failed_precondition(message),
+            // The reserved GPU vanished or fell off the bus mid-call: the
+            // reservation cannot be realized, like any other that can't.
+            AllocateError::Driver {
+                source: DriverError::GpuLost(_) | DriverError::NotFound(_),
+                ..
+            } => tonic::Status::failed_precondition(message),
             AllocateError::Cluster(_) => tonic::Status::unavailable(message),
             _ => tonic::Status::internal(message),
         }
@@ -358,7 +365,8 @@ impl Allocator {
     fn undo(&self, alloc_id: &str) -> bool {
         let record = self.ctx.checkpoint.get(alloc_id);
         if let Some(record) = &record
-            && let Err(e) = destroy_instances(self.ctx.driver.as_ref(), &record.instances)
+            && let Err(e) =
+                blocking(|| destroy_instances(self.ctx.driver.as_ref(), &record.instances))
         {
             tracing::error!(alloc_id, error = %e, "cannot destroy the instances this allocation created; the record stays");
             return false;
@@ -504,9 +512,10 @@ impl Allocator {
         }
 
         let started = Instant::now();
-        let root = ctx.config.driver_root.clone();
-        let facts = tessera_driver::discover::discover(&root, ctx.driver.as_ref())
-            .map_err(|e| AllocateError::Discover(e.to_string()))?;
+        let layout = ctx.config.devices.layout(&ctx.config.driver_root);
+        let facts =
+            blocking(|| tessera_driver::discover::discover_in(&layout, ctx.driver.as_ref()))
+                .map_err(|e| AllocateError::Discover(e.to_string()))?;
         timings.driver += started.elapsed();
 
         let started = Instant::now();
@@ -520,6 +529,7 @@ impl Allocator {
             paths: &paths,
             hook: &hook,
             memory_scaling,
+            library_groups: &ctx.config.devices.library_groups,
         };
         let spec = transient::build_spec(&input)?;
         let limits = transient::limits_file(&granted, memory_scaling)?;
@@ -935,14 +945,31 @@ fn driver_err(call: &'static str, gpu: &str, source: DriverError) -> AllocateErr
     }
 }
 
+/// Runs one driver call ([`blocking`]) and adds its time to `timings`.
 fn timed_driver<T>(
     timings: &mut AllocationTimings,
     call: impl FnOnce() -> Result<T, DriverError>,
 ) -> Result<T, DriverError> {
     let started = Instant::now();
-    let out = call();
+    let out = blocking(call);
     timings.driver += started.elapsed();
     out
+}
+
+/// Runs `work` — driver (NVML) calls, which can block for long (real NVML
+/// on a busy GPU; the stand-in takes file locks) — without stalling the
+/// async runtime: on a multi-thread runtime (the plugin's) through
+/// [`tokio::task::block_in_place`], which first hands this worker's other
+/// tasks to another thread; on a current-thread runtime (where that would
+/// panic) or outside any runtime it simply runs `work`.
+pub fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
 }
 
 /// The per-GPU lock (by uuid) every MIG create or destroy holds, so that
@@ -961,7 +988,7 @@ pub async fn lock_gpu(uuid: &str) -> tokio::sync::OwnedMutexGuard<()> {
 
 /// The GPU's current index, looked up by uuid (indexes may change across a
 /// reboot; the uuid does not). `Ok(None)` when the GPU is gone.
-fn gpu_index_of(driver: &dyn GpuDriver, uuid: &str) -> Result<Option<u32>, DriverError> {
+pub(crate) fn gpu_index_of(driver: &dyn GpuDriver, uuid: &str) -> Result<Option<u32>, DriverError> {
     Ok(driver
         .gpus()?
         .into_iter()
@@ -970,28 +997,60 @@ fn gpu_index_of(driver: &dyn GpuDriver, uuid: &str) -> Result<Option<u32>, Drive
 }
 
 /// Destroys the MIG instances of one allocation, last created first: each
-/// record's compute instance, then its GPU instance. Only what the records
-/// name is touched; an instance that is already gone (or a GPU that vanished)
-/// counts as destroyed. A record whose GI id is unknown (the plugin died
-/// between the intent and NVML's answer) is matched by profile and placement
-/// and destroyed only if exactly that GI exists and holds no compute instance
-/// Tessera did not record.
+/// record's compute instance, then its GPU instance (see
+/// [`destroy_instance`]). A record whose GI id is unknown (the plugin died
+/// between the intent and NVML's answer) is matched by profile and
+/// placement ([`Unnamed::Match`]): Allocate's own undo.
 pub fn destroy_instances(
     driver: &dyn GpuDriver,
     instances: &[InstanceRecord],
 ) -> Result<(), UndoError> {
     for record in instances.iter().rev() {
-        destroy_one(driver, record)?;
+        destroy_instance(driver, record, Unnamed::Match, &|_| {})?;
     }
     Ok(())
 }
 
-fn destroy_one(driver: &dyn GpuDriver, record: &InstanceRecord) -> Result<(), UndoError> {
+/// What [`destroy_instance`] does with a record whose GI id is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unnamed {
+    /// Destroys the GI at exactly the recorded profile and placement, if
+    /// any (Allocate undoing what it may have made before a crash).
+    Match,
+    /// Names nothing: leaves it (reclaim; the startup sweep adopts such
+    /// GIs, filling in their ids, before anything is reclaimed).
+    Skip,
+}
+
+/// A step of [`destroy_instance`] done, for the caller's crash points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destroyed {
+    /// The GI's compute instances are gone; the GI is not yet.
+    ComputeInstances,
+    /// The GI is gone.
+    GpuInstance,
+}
+
+/// Destroys one recorded instance: its compute instances, then its GPU
+/// instance, only while NVML shows the GI with the recorded profile at the
+/// recorded placement and holding no compute instance but the recorded one
+/// (anything else is not Tessera's: logged and left). An instance already
+/// gone, or a GPU that vanished, counts as destroyed. `after` is called
+/// after each step (reclaim's crash points).
+pub fn destroy_instance(
+    driver: &dyn GpuDriver,
+    record: &InstanceRecord,
+    unnamed: Unnamed,
+    after: &dyn Fn(Destroyed),
+) -> Result<(), UndoError> {
     let fail = |what: String, source: DriverError| UndoError::Driver {
         what,
         gpu: record.gpu_uuid.clone(),
         source,
     };
+    if record.gpu_instance_id.is_none() && unnamed == Unnamed::Skip {
+        return Ok(());
+    }
     let index = match gpu_index_of(driver, &record.gpu_uuid) {
         Ok(Some(index)) => index,
         Ok(None) => {
@@ -1000,9 +1059,11 @@ fn destroy_one(driver: &dyn GpuDriver, record: &InstanceRecord) -> Result<(), Un
         }
         Err(e) => return Err(fail("the GPU list".to_owned(), e)),
     };
-    let gis = driver
-        .gpu_instances(index)
-        .map_err(|e| fail("the GI list".to_owned(), e))?;
+    let gis = match driver.gpu_instances(index) {
+        Ok(gis) => gis,
+        Err(DriverError::NotFound(_)) => return Ok(()),
+        Err(e) => return Err(fail("the GI list".to_owned(), e)),
+    };
     let gi = match record.gpu_instance_id {
         Some(id) => gis.iter().find(|g| g.id == id),
         // The intent without an id: the GI at exactly the reserved placement
@@ -1016,18 +1077,19 @@ fn destroy_one(driver: &dyn GpuDriver, record: &InstanceRecord) -> Result<(), Un
     };
     if gi.profile_id != record.profile_id || gi.placement != record.placement {
         // The id was reused by someone else's GI: not ours to destroy.
-        tracing::warn!(gpu = %record.gpu_uuid, gi = gi.id, "GI id now names another instance; left alone");
+        tracing::warn!(gpu = %record.gpu_uuid, gi = gi.id, "GI id now names another profile or placement: not Tessera's, left alone");
         return Ok(());
     }
-    let cis = driver
-        .compute_instances(index, gi.id)
-        .map_err(|e| fail(format!("the CI list of GI {}", gi.id), e))?;
-    for ci in &cis {
-        let ours = record.compute_instance_id.is_none_or(|id| id == ci.id);
-        if !ours {
-            tracing::warn!(gpu = %record.gpu_uuid, gi = gi.id, ci = ci.id, "GI holds a compute instance Tessera did not record; left alone");
-            return Ok(());
-        }
+    let cis = match driver.compute_instances(index, gi.id) {
+        Ok(cis) => cis,
+        Err(DriverError::NotFound(_)) => Vec::new(),
+        Err(e) => return Err(fail(format!("the CI list of GI {}", gi.id), e)),
+    };
+    if let Some(recorded) = record.compute_instance_id
+        && let Some(other) = cis.iter().find(|c| c.id != recorded)
+    {
+        tracing::warn!(gpu = %record.gpu_uuid, gi = gi.id, ci = other.id, "GI holds a compute instance Tessera did not create; GI left alone");
+        return Ok(());
     }
     for ci in &cis {
         match driver.destroy_compute_instance(index, gi.id, ci.id) {
@@ -1035,10 +1097,13 @@ fn destroy_one(driver: &dyn GpuDriver, record: &InstanceRecord) -> Result<(), Un
             Err(e) => return Err(fail(format!("CI {} of GI {}", ci.id, gi.id), e)),
         }
     }
+    after(Destroyed::ComputeInstances);
     match driver.destroy_gpu_instance(index, gi.id) {
-        Ok(()) | Err(DriverError::NotFound(_)) => Ok(()),
-        Err(e) => Err(fail(format!("GI {}", gi.id), e)),
+        Ok(()) | Err(DriverError::NotFound(_)) => {}
+        Err(e) => return Err(fail(format!("GI {}", gi.id), e)),
     }
+    after(Destroyed::GpuInstance);
+    Ok(())
 }
 
 /// The allocation's directory, `<state_dir>/alloc/<alloc-id>/`.
@@ -1259,5 +1324,58 @@ mod tests {
             &["a".into(), "b".into()]
         ));
         assert!(!same_ids(&["a".into()], &["a".into(), "b".into()]));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_blocking_driver_call_leaves_the_runtime_free_for_other_tasks() {
+        let started = Instant::now();
+        let slow = tokio::spawn(async move {
+            blocking(|| std::thread::sleep(Duration::from_millis(600)));
+            started.elapsed()
+        });
+        // Give the slow task the only worker first.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let quick = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            started.elapsed()
+        });
+        let quick = quick.await.expect("quick task");
+        let slow = slow.await.expect("slow task");
+        assert!(
+            quick < Duration::from_millis(400) && slow >= Duration::from_millis(600),
+            "the quick task waited for the blocking call: quick {quick:?}, slow {slow:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn blocking_runs_inline_on_a_current_thread_runtime() {
+        let here = std::thread::current().id();
+        assert_eq!(blocking(|| std::thread::current().id()), here);
+    }
+
+    #[test]
+    fn a_reserved_gpu_lost_or_gone_mid_call_is_a_failed_precondition() {
+        let driver = FakeDriver::new().with_gpu(FakeGpu::a100_40gb(0));
+        let uuid = driver.gpus().expect("gpus")[0].uuid.clone();
+        let code = |e: DriverError| {
+            driver_err("listing GPU instances", &uuid, e)
+                .status("x")
+                .code()
+        };
+        // The GPU vanished: its index names nothing any more.
+        let gone = driver.gpu_instances(3).expect_err("no GPU 3");
+        assert_eq!(code(gone), tonic::Code::FailedPrecondition);
+        driver.set_lost(0, true);
+        let lost = driver.gpu_instances(0).expect_err("lost");
+        assert!(matches!(lost, DriverError::GpuLost(_)), "{lost:?}");
+        let status = driver_err("listing GPU instances", &uuid, lost).status("Allocate");
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert!(status.message().contains(&uuid), "{}", status.message());
+        // Any other driver failure stays internal.
+        let other = DriverError::Call {
+            call: "nvmlDeviceCreateGpuInstanceWithPlacement",
+            reason: "unknown error".to_owned(),
+        };
+        assert_eq!(code(other), tonic::Code::Internal);
     }
 }

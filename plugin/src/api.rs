@@ -1,7 +1,8 @@
-//! The kubelet gRPC APIs, compiled from `proto/` (names and field numbers are
-//! upstream's).
+//! The kubelet gRPC APIs, compiled from the workspace's `proto/kubelet/`, the
+//! same files the kubelet stand-in (`tessera-kube-proto`) compiles (names and
+//! field numbers are upstream's).
 
-/// The device plugin API (`proto/deviceplugin-v1beta1.proto`).
+/// The device plugin API (`proto/kubelet/deviceplugin-v1beta1.proto`).
 pub mod deviceplugin {
     /// Package `v1beta1`: services `Registration` (kubelet's) and
     /// `DevicePlugin` (ours).
@@ -11,7 +12,7 @@ pub mod deviceplugin {
     }
 }
 
-/// The PodResources API (`proto/podresources-v1.proto`).
+/// The PodResources API (`proto/kubelet/podresources-v1.proto`).
 pub mod podresources {
     /// Package `v1`: service `PodResourcesLister` (kubelet's).
     #[allow(clippy::all, clippy::pedantic, missing_docs)]

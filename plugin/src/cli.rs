@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{ArgAction, Parser, ValueEnum};
 use tessera_model::contract::{cdi, cluster, hook, kubelet, node, vgpu};
+use tessera_model::facts::LibraryGroups;
 use tessera_model::sched::config::ClusterConfig;
 
 use crate::config::{CdiMode, DeviceSettings, PluginConfig};
@@ -62,6 +63,17 @@ pub struct Args {
     /// The NVML library to load (else found under the driver root).
     #[arg(long)]
     pub nvml_lib: Option<PathBuf>,
+    /// Where `dev/` is, when not under the driver root (GKE: `/`).
+    #[arg(long, value_name = "DIR")]
+    pub dev_root: Option<PathBuf>,
+    /// Where `proc/` is [default: the driver root when it holds
+    /// proc/driver/nvidia, else /].
+    #[arg(long, value_name = "DIR")]
+    pub proc_root: Option<PathBuf>,
+    /// Driver-file groups containers get: a comma-separated list of compute,
+    /// video, graphics, utilities, or all.
+    #[arg(long, value_name = "GROUPS", default_value_t = LibraryGroups::default())]
+    pub library_groups: LibraryGroups,
     /// kubelet's directory (device-plugins/ and pod-resources/ below it).
     #[arg(long, default_value = kubelet::DIR)]
     pub kubelet_dir: PathBuf,
@@ -194,6 +206,9 @@ pub fn resolve(
             operating_mode: on_node.operating_mode,
             filter_uuids: on_node.filter.uuid,
             filter_indexes: on_node.filter.index,
+            dev_root: args.dev_root.clone(),
+            proc_root: args.proc_root.clone(),
+            library_groups: args.library_groups.clone(),
         },
         resource_name: file.nvidia.resource_count_name.clone(),
     })
@@ -344,6 +359,42 @@ nodeconfig:
         .expect("valid");
         assert_eq!(c.metrics_listen, None);
         assert!(!c.fail_on_init_error);
+    }
+
+    #[test]
+    fn driver_layout_flags_reach_discovery() {
+        let file = ClusterConfig::default();
+        let c = resolve(&args(&[]), Some("n".into()), &file).expect("valid");
+        assert_eq!(c.devices.library_groups, LibraryGroups::default());
+        let layout = c.devices.layout(&c.driver_root);
+        assert_eq!(
+            (layout.dev_root.as_path(), layout.proc_root.as_path()),
+            (Path::new("/"), Path::new("/"))
+        );
+        let c = resolve(
+            &args(&[
+                "--driver-root",
+                "/home/kubernetes/bin/nvidia",
+                "--dev-root",
+                "/",
+                "--proc-root",
+                "/host",
+                "--library-groups",
+                "compute,graphics",
+            ]),
+            Some("n".into()),
+            &file,
+        )
+        .expect("valid");
+        let layout = c.devices.layout(&c.driver_root);
+        assert_eq!(layout.driver_root, Path::new("/home/kubernetes/bin/nvidia"));
+        assert_eq!(layout.dev_root, Path::new("/"));
+        assert_eq!(layout.proc_root, Path::new("/host"));
+        assert_eq!(c.devices.library_groups.to_string(), "compute,graphics");
+        assert!(
+            Args::try_parse_from([PROGRAM, "--library-groups", "compute,utility"]).is_err(),
+            "an unknown group is refused"
+        );
     }
 
     #[test]

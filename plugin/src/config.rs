@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use tessera_model::facts::LibraryGroups;
 use tessera_model::sched::config::{MigAllowlistEntry, OperatingMode, default_mig_allowlist};
 
 /// How Allocate hands a container its devices.
@@ -86,6 +87,15 @@ pub struct DeviceSettings {
     pub filter_uuids: Vec<String>,
     /// GPU indexes never offered.
     pub filter_indexes: Vec<u32>,
+    /// Root of `dev/` (`--dev-root`); `None`: the driver root.
+    pub dev_root: Option<PathBuf>,
+    /// Root of `proc/` (`--proc-root`); `None`: the driver root when it holds
+    /// `proc/driver/nvidia`, else `/` ([`Layout::default_proc_root`]).
+    ///
+    /// [`Layout::default_proc_root`]: tessera_driver::discover::Layout::default_proc_root
+    pub proc_root: Option<PathBuf>,
+    /// The driver-file groups containers get (`--library-groups`).
+    pub library_groups: LibraryGroups,
 }
 
 impl Default for DeviceSettings {
@@ -98,41 +108,40 @@ impl Default for DeviceSettings {
             operating_mode: None,
             filter_uuids: Vec::new(),
             filter_indexes: Vec::new(),
+            dev_root: None,
+            proc_root: None,
+            library_groups: LibraryGroups::default(),
         }
     }
 }
 
 impl DeviceSettings {
+    /// Where discovery looks: `driver_root` with this node's dev and proc roots.
+    pub fn layout(&self, driver_root: &std::path::Path) -> tessera_driver::discover::Layout {
+        tessera_driver::discover::Layout::from_flags(
+            driver_root,
+            self.dev_root.as_deref(),
+            self.proc_root.as_deref(),
+        )
+    }
+
     /// The profile names allowed on a GPU whose product name is `model`
     /// (the most specific matching allowlist entry's; between equally
-    /// specific entries the first), or `None`: no MIG profile on it.
+    /// specific entries the first), or `None`: no MIG profile on it. The
+    /// extender's reading ([`tessera_model::sched::config::allowed_profiles`]).
     pub fn allowed_profiles(&self, model: &str) -> Option<&[String]> {
-        let mut best: Option<(usize, &MigAllowlistEntry)> = None;
-        for entry in &self.mig_profile_allowlist {
-            let score = entry
-                .models
-                .iter()
-                .filter_map(|written| tessera_model::sched::gpu_type::specificity(written, model))
-                .max();
-            if let Some(score) = score
-                && best.is_none_or(|(b, _)| score > b)
-            {
-                best = Some((score, entry));
-            }
-        }
-        best.map(|(_, entry)| entry.profiles.as_slice())
+        tessera_model::sched::config::allowed_profiles(&self.mig_profile_allowlist, model)
     }
 
     /// Whether `filterdevices` leaves the GPU (NVML index and uuid) out; an
     /// entry of the uuid list that is a number names an index (as HAMi
     /// reads it).
     pub fn filtered(&self, index: u32, uuid: &str) -> bool {
-        self.filter_indexes.contains(&index)
-            || self
-                .filter_uuids
-                .iter()
-                .map(|f| f.trim())
-                .any(|f| f == uuid || f.parse::<u32>().is_ok_and(|i| i == index))
+        tessera_model::sched::config::FilterDevices {
+            uuid: self.filter_uuids.clone(),
+            index: self.filter_indexes.clone(),
+        }
+        .excludes(index, uuid)
     }
 }
 

@@ -22,9 +22,19 @@
 //! - `hami_container_device_utilization_ratio` / legacy
 //!   `Device_utilization_desc_of_container`: SM utilization, percent.
 //!
-//! HAMi's host families (`HostGPUMemoryUsage`, `HostCoreUtilization`) are
-//! not served: the driver trait has no whole-device memory or utilization
-//! query.
+//! Per GPU of the node, read from the driver at scrape time (on a blocking
+//! thread), labels `node, device_index, device_uuid, device_type` (legacy:
+//! `nodeid, deviceidx, deviceuuid, devicetype`; the type is `NVIDIA-<product
+//! name>`):
+//! - `hami_host_gpu_memory_used_bytes` / legacy `HostGPUMemoryUsage`: device
+//!   memory in use on the whole GPU
+//!   ([`tessera_driver::GpuDriver::memory_info`]);
+//! - `hami_host_gpu_utilization_ratio` / legacy `HostCoreUtilization`: the
+//!   whole GPU's utilization, percent
+//!   ([`tessera_driver::GpuDriver::utilization`]).
+//!
+//! A GPU the driver cannot answer for (lost, or a figure it does not
+//! report) is left out of that family.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -41,6 +51,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
+
+use tessera_driver::GpuDriver;
 
 use crate::checkpoint::{AllocRecord, Checkpoint, Phase};
 use crate::monitor::{AllocationUsage, Monitor};
@@ -134,12 +146,81 @@ async fn healthz() -> &'static str {
 async fn metrics(State(shared): State<Shared>) -> Response {
     let checkpoint = shared.ctx.checkpoint.snapshot();
     let usage = shared.monitor.snapshot();
+    let driver = shared.ctx.driver.clone();
+    let node = shared.ctx.config.node_name.clone();
+    // NVML may block: off the runtime's workers.
+    let host = match tokio::task::spawn_blocking(move || read_host(&node, driver.as_ref())).await {
+        Ok(host) => host,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the GPUs' usage failed");
+            Host::default()
+        }
+    };
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, CONTENT_TYPE)],
-        render(&checkpoint, &usage),
+        render(&checkpoint, &usage, &host),
     )
         .into_response()
+}
+
+/// The node's GPUs as the host families show them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Host {
+    /// This node's name.
+    pub node: String,
+    /// Every GPU the driver lists, in index order.
+    pub gpus: Vec<HostGpu>,
+}
+
+/// One GPU's whole-device figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostGpu {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` uuid.
+    pub uuid: String,
+    /// Product name (`NVIDIA A100-SXM4-40GB`).
+    pub name: String,
+    /// Device memory in use, bytes; `None` when the driver could not tell.
+    pub memory_used_bytes: Option<u64>,
+    /// Utilization, percent; `None` when the driver could not tell.
+    pub utilization_percent: Option<u32>,
+}
+
+/// Reads every GPU's memory use and utilization from `driver` (blocking
+/// calls). A figure the driver cannot give is `None`; no GPU list, no GPUs.
+pub fn read_host(node: &str, driver: &(dyn GpuDriver + Send + Sync)) -> Host {
+    let gpus = match driver.gpus() {
+        Ok(gpus) => gpus,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list GPUs for the host metrics");
+            Vec::new()
+        }
+    };
+    let figure = |gpu: u32, what: &str, e: tessera_driver::DriverError| {
+        tracing::debug!(gpu, what, error = %e, "host metric not available");
+    };
+    Host {
+        node: node.to_owned(),
+        gpus: gpus
+            .into_iter()
+            .map(|g| HostGpu {
+                memory_used_bytes: driver
+                    .memory_info(g.index)
+                    .map(|(used, _total)| used)
+                    .map_err(|e| figure(g.index, "memory", e))
+                    .ok(),
+                utilization_percent: driver
+                    .utilization(g.index)
+                    .map_err(|e| figure(g.index, "utilization", e))
+                    .ok(),
+                index: g.index,
+                uuid: g.uuid,
+                name: g.name,
+            })
+            .collect(),
+    }
 }
 
 fn labels(pairs: &[(&str, String)]) -> Labels {
@@ -183,9 +264,9 @@ impl Pair {
     }
 }
 
-/// The text exposition of the checkpoint's MIG instances and the monitor's
-/// per-container usage.
-pub fn render(checkpoint: &Checkpoint, usage: &[AllocationUsage]) -> String {
+/// The text exposition of the checkpoint's MIG instances, the monitor's
+/// per-container usage and the host's GPUs.
+pub fn render(checkpoint: &Checkpoint, usage: &[AllocationUsage], host: &Host) -> String {
     let mig_info: Family<Labels, Gauge> = Family::default();
     let legacy_mig_info: Family<Labels, Gauge> = Family::default();
     for record in checkpoint.allocations.values() {
@@ -252,7 +333,53 @@ pub fn render(checkpoint: &Checkpoint, usage: &[AllocationUsage]) -> String {
         utilization.set(&set, entry.sm_percent);
     }
 
+    let host_memory = Pair::default();
+    let host_utilization = Pair::default();
+    for gpu in &host.gpus {
+        let device_type = format!("NVIDIA-{}", gpu.name);
+        let set = (
+            labels(&[
+                ("node", host.node.clone()),
+                ("device_index", gpu.index.to_string()),
+                ("device_uuid", gpu.uuid.clone()),
+                ("device_type", device_type.clone()),
+            ]),
+            labels(&[
+                ("nodeid", host.node.clone()),
+                ("deviceidx", gpu.index.to_string()),
+                ("deviceuuid", gpu.uuid.clone()),
+                ("devicetype", device_type),
+            ]),
+        );
+        if let Some(bytes) = gpu.memory_used_bytes {
+            host_memory.set(&set, bytes as f64);
+        }
+        if let Some(percent) = gpu.utilization_percent {
+            host_utilization.set(&set, f64::from(percent));
+        }
+    }
+
     let mut registry = Registry::default();
+    registry.register(
+        "hami_host_gpu_memory_used_bytes",
+        "Device memory in use on the whole GPU, in bytes",
+        host_memory.modern,
+    );
+    registry.register(
+        "HostGPUMemoryUsage",
+        "Device memory in use on the whole GPU",
+        host_memory.legacy,
+    );
+    registry.register(
+        "hami_host_gpu_utilization_ratio",
+        "Utilization of the whole GPU, percent (0-100)",
+        host_utilization.modern,
+    );
+    registry.register(
+        "HostCoreUtilization",
+        "Utilization of the whole GPU",
+        host_utilization.legacy,
+    );
     registry.register(
         "hami_mig_device_info",
         "MIG runtime identity for a container allocation",
@@ -377,7 +504,7 @@ mod tests {
             record("b-0", Phase::Realizing, vec![instance(Some(3))]),
             record("c-0", Phase::Ready, vec![instance(None)]),
         ]);
-        let text = render(&cp, &[]);
+        let text = render(&cp, &[], &Host::default());
         let info = lines(&text, "hami_mig_device_info");
         assert_eq!(info.len(), 1, "{text}");
         assert_eq!(
@@ -400,7 +527,7 @@ mod tests {
             usage("a-0", "GPU-y", 5.0, 1 << 20, None, None),
             usage("gone-0", "GPU-x", 1.0, 1, None, None),
         ];
-        let text = render(&cp, &usage);
+        let text = render(&cp, &usage, &Host::default());
         let used = lines(&text, "hami_vgpu_memory_used_bytes");
         assert_eq!(used.len(), 2, "{text}");
         assert!(used.contains(
@@ -426,6 +553,79 @@ mod tests {
             2
         );
         assert!(!text.contains("gone-0"));
+    }
+
+    #[test]
+    fn host_gpus_are_served_under_hami_names_and_labels_from_the_driver() {
+        use tessera_driver::fake::{FakeDriver, FakeGpu};
+
+        let driver = FakeDriver::new()
+            .with_gpu(FakeGpu::plain(0, "NVIDIA H100 80GB HBM3", 81_559))
+            .with_gpu(FakeGpu::a100_40gb(1));
+        driver.set_usage(0, 3 << 30, 42);
+        driver.fail_next(
+            "utilization",
+            tessera_driver::DriverError::NotSupported("no rates".to_owned()),
+        );
+        let host = read_host("node-1", &driver);
+        assert_eq!(host.gpus.len(), 2);
+        assert_eq!(host.gpus[0].memory_used_bytes, Some(3 << 30));
+        assert_eq!(host.gpus[0].utilization_percent, None, "NotSupported");
+        assert_eq!(host.gpus[1].utilization_percent, Some(0));
+
+        let text = render(&checkpoint(Vec::new()), &[], &host);
+        let uuid0 = &host.gpus[0].uuid;
+        let mut memory = lines(&text, "hami_host_gpu_memory_used_bytes");
+        memory.sort_unstable();
+        assert_eq!(
+            memory,
+            [
+                format!(
+                    "hami_host_gpu_memory_used_bytes{{node=\"node-1\",device_index=\"0\",\
+                     device_uuid=\"{uuid0}\",device_type=\"NVIDIA-NVIDIA H100 80GB HBM3\",\
+                     zone=\"vGPU\"}} 3221225472.0"
+                ),
+                format!(
+                    "hami_host_gpu_memory_used_bytes{{node=\"node-1\",device_index=\"1\",\
+                     device_uuid=\"{}\",device_type=\"NVIDIA-{}\",zone=\"vGPU\"}} 0.0",
+                    host.gpus[1].uuid, host.gpus[1].name
+                )
+            ]
+        );
+        let mut legacy = lines(&text, "HostGPUMemoryUsage");
+        legacy.sort_unstable();
+        assert_eq!(legacy.len(), 2, "{text}");
+        assert!(
+            legacy[0].starts_with(&format!(
+                "HostGPUMemoryUsage{{nodeid=\"node-1\",deviceidx=\"0\",deviceuuid=\"{uuid0}\",\
+                 devicetype=\"NVIDIA-NVIDIA H100 80GB HBM3\""
+            )),
+            "{}",
+            legacy[0]
+        );
+        // GPU 0's utilization was not available: only GPU 1's is served.
+        let util = lines(&text, "HostCoreUtilization");
+        assert_eq!(util.len(), 1, "{text}");
+        assert!(util[0].contains("deviceidx=\"1\"") && util[0].ends_with(" 0.0"));
+        assert_eq!(lines(&text, "hami_host_gpu_utilization_ratio").len(), 1);
+
+        // A GPU lost between the listing and its query drops out of that
+        // family; a listing that fails (NVML fails it while any GPU is lost)
+        // leaves no GPUs and no host series.
+        driver.fail_next(
+            "memory_info",
+            tessera_driver::DriverError::GpuLost("fell off the bus".to_owned()),
+        );
+        let host = read_host("node-1", &driver);
+        assert_eq!(host.gpus[0].memory_used_bytes, None);
+        assert_eq!(host.gpus[1].memory_used_bytes, Some(0));
+        let text = render(&checkpoint(Vec::new()), &[], &host);
+        assert_eq!(lines(&text, "HostGPUMemoryUsage").len(), 1, "{text}");
+        driver.set_lost(1, true);
+        let host = read_host("node-1", &driver);
+        assert!(host.gpus.is_empty());
+        let text = render(&checkpoint(Vec::new()), &[], &host);
+        assert!(lines(&text, "HostCoreUtilization").is_empty(), "{text}");
     }
 
     #[test]

@@ -39,7 +39,9 @@ use tessera_driver::{DriverError, GpuDriver};
 use tessera_model::alloc::{AllocId, BindingRecord};
 use tessera_model::contract;
 
-use crate::allocate::{alloc_dir, lock_gpu, spec_path};
+use crate::allocate::{
+    self, Destroyed, UndoError, Unnamed, alloc_dir, blocking, gpu_index_of, lock_gpu, spec_path,
+};
 use crate::api::podresources::v1::ListPodResourcesRequest;
 use crate::api::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 use crate::checkpoint::{AllocRecord, CheckpointError, InstanceRecord, Phase};
@@ -49,6 +51,16 @@ use crate::run::NodeContext;
 
 /// How often the reconciler checks every record even without a pod event.
 pub const RESYNC_PERIOD: Duration = Duration::from_secs(10);
+
+/// How soon the reconciler checks again while a record [lingers](Witnesses::lingering)
+/// (its pod gone from the API or ended, a container still holding it): the
+/// container's end is then noticed within this, not at the next resync.
+pub const LINGER_RECHECK: Duration = Duration::from_millis(250);
+
+/// How long one record may keep the reconciler re-checking every
+/// [`LINGER_RECHECK`]; after that it waits for pod events and the resync
+/// like any other (a container that never ends costs no busy loop).
+pub const LINGER_LIMIT: Duration = Duration::from_secs(30);
 
 /// How long one API or kubelet request may take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -69,7 +81,7 @@ pub enum ReconcileError {
     Driver {
         /// The allocation.
         alloc_id: String,
-        /// What was being done (`destroying GI 3`).
+        /// What was being done (`listing GPUs`, `destroying its instance (GI 3)`).
         what: String,
         /// The parent GPU's uuid.
         gpu: String,
@@ -100,6 +112,15 @@ pub enum ReconcileError {
         /// The error.
         reason: String,
     },
+}
+
+/// What one reconcile pass ([`pass`]) did and found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Allocations reclaimed.
+    pub reclaimed: usize,
+    /// Allocations that [linger](Witnesses::lingering): about to be free.
+    pub lingering: Vec<String>,
 }
 
 /// What the startup sweep did, in counts.
@@ -205,6 +226,18 @@ impl Witnesses {
             || matches!(&self.kubelet, KubeletView::Listed(pods) if kubelet_holds(pods, record))
     }
 
+    /// Whether the record is held only by a container: the API (readable)
+    /// shows its pod gone or ended, yet a binding or kubelet still holds it.
+    /// Such a record is about to be free (the container is stopping) and is
+    /// worth checking again soon.
+    pub fn lingering(&self, record: &AllocRecord) -> bool {
+        let ended = self
+            .pods
+            .as_ref()
+            .is_some_and(|pods| pods.get(&record.pod_uid).is_none_or(|pod| pod.terminal));
+        ended && matches!(self.verdict(record), Verdict::Held(_))
+    }
+
     /// The running (non-terminal) pod whose uid the alloc-id starts with.
     fn running_owner(&self, alloc_id: &str) -> Option<&PodState> {
         let pods = self.pods.as_ref()?;
@@ -231,31 +264,65 @@ fn kubelet_holds(pods: &[KubeletPod], record: &AllocRecord) -> bool {
 
 /// Loops until `shutdown` turns true: a pod watch on this node triggers a
 /// check at once, and every [`RESYNC_PERIOD`] a full check runs anyway; each
-/// check reclaims the records nothing holds.
+/// check reclaims the records nothing holds. While a record lingers (its pod
+/// gone, a container still stopping) the next check comes after
+/// [`LINGER_RECHECK`], for at most [`LINGER_LIMIT`] per record.
 pub async fn run(ctx: Arc<NodeContext>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let notify = Arc::new(tokio::sync::Notify::new());
     let watch = tokio::spawn(watch_pods(ctx.clone(), notify.clone()));
     let mut tick = tokio::time::interval(RESYNC_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut lingering = Lingering::default();
     loop {
         if *shutdown.borrow() {
             break;
         }
+        let soon = lingering.recheck(std::time::Instant::now());
         tokio::select! {
             _ = tick.tick() => {}
             () = notify.notified() => {}
+            () = tokio::time::sleep(LINGER_RECHECK), if soon => {}
             changed = shutdown.changed() => {
                 if changed.is_err() { break; }
                 continue;
             }
         }
-        match check_once(&ctx).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(reclaimed = n, "reclaimed allocations of ended pods"),
+        match pass(&ctx).await {
+            Ok(found) => {
+                if found.reclaimed > 0 {
+                    tracing::info!(
+                        reclaimed = found.reclaimed,
+                        "reclaimed allocations of ended pods"
+                    );
+                }
+                lingering.track(&found.lingering, std::time::Instant::now());
+            }
             Err(e) => tracing::warn!(error = %e, "reconcile pass failed; retrying"),
         }
     }
     watch.abort();
+}
+
+/// The records seen lingering, each with when it was first seen so.
+#[derive(Debug, Default)]
+struct Lingering(HashMap<String, std::time::Instant>);
+
+impl Lingering {
+    /// Keeps exactly `now_lingering`, remembering when each was first seen.
+    fn track(&mut self, now_lingering: &[String], now: std::time::Instant) {
+        self.0.retain(|id, _| now_lingering.contains(id));
+        for id in now_lingering {
+            self.0.entry(id.clone()).or_insert(now);
+        }
+    }
+
+    /// Whether to check again after [`LINGER_RECHECK`]: some record has
+    /// lingered for less than [`LINGER_LIMIT`].
+    fn recheck(&self, now: std::time::Instant) -> bool {
+        self.0
+            .values()
+            .any(|since| now.saturating_duration_since(*since) < LINGER_LIMIT)
+    }
 }
 
 /// Watches the pods on this node; every change wakes the loop (the check
@@ -284,11 +351,17 @@ fn node_selector(node: &str) -> String {
 /// record nothing holds (and `Realizing` ones older than
 /// [`STALE_REALIZING`]). Returns how many were reclaimed.
 pub async fn check_once(ctx: &Arc<NodeContext>) -> Result<usize, ReconcileError> {
+    pass(ctx).await.map(|found| found.reclaimed)
+}
+
+/// [`check_once`], also naming the records that linger.
+pub async fn pass(ctx: &Arc<NodeContext>) -> Result<Pass, ReconcileError> {
     let snapshot = ctx.checkpoint.snapshot();
     if snapshot.allocations.is_empty() {
-        return Ok(0);
+        return Ok(Pass::default());
     }
     let witnesses = gather(ctx).await;
+    let mut lingering = Vec::new();
     let now = unix_now();
     let mut doomed = Vec::new();
     for record in snapshot.allocations.values() {
@@ -307,10 +380,15 @@ pub async fn check_once(ctx: &Arc<NodeContext>) -> Result<usize, ReconcileError>
         };
         if verdict == Verdict::Gone {
             doomed.push(record.alloc_id.clone());
+        } else if witnesses.lingering(record) {
+            lingering.push(record.alloc_id.clone());
         }
     }
     if doomed.is_empty() {
-        return Ok(0);
+        return Ok(Pass {
+            reclaimed: 0,
+            lingering,
+        });
     }
     let mut reclaimed = 0;
     let mut first_error = None;
@@ -325,7 +403,10 @@ pub async fn check_once(ctx: &Arc<NodeContext>) -> Result<usize, ReconcileError>
     }
     match first_error {
         Some(e) if reclaimed == 0 => Err(e),
-        _ => Ok(reclaimed),
+        _ => Ok(Pass {
+            reclaimed,
+            lingering,
+        }),
     }
 }
 
@@ -518,7 +599,7 @@ pub async fn reclaim(ctx: &NodeContext, alloc_id: &str) -> Result<(), ReconcileE
     {
         {
             let _gpu = lock_gpu(&instance.gpu_uuid).await;
-            destroy_instance(driver, alloc_id, &instance)?;
+            blocking(|| destroy_instance(driver, alloc_id, &instance))?;
         }
         ctx.checkpoint.update(|c| {
             if let Some(r) = c.allocations.get_mut(alloc_id)
@@ -536,83 +617,28 @@ pub async fn reclaim(ctx: &NodeContext, alloc_id: &str) -> Result<(), ReconcileE
     Ok(())
 }
 
-/// Destroys one recorded instance: its compute instances, then its GPU
-/// instance, only while NVML shows that GI id with the recorded profile at
-/// the recorded placement. An intent without a GI id names nothing to
-/// destroy (the startup sweep adopts such GIs before reclaiming).
+/// Destroys one recorded instance ([`allocate::destroy_instance`]); an
+/// intent without a GI id names nothing to destroy (the startup sweep adopts
+/// such GIs before reclaiming). The crash points between the steps are
+/// reclaim's.
 fn destroy_instance(
     driver: &(dyn GpuDriver + Send + Sync),
     alloc_id: &str,
     instance: &InstanceRecord,
 ) -> Result<(), ReconcileError> {
-    let fail = |what: String, source: DriverError| ReconcileError::Driver {
-        alloc_id: alloc_id.to_owned(),
-        what,
-        gpu: instance.gpu_uuid.clone(),
-        source,
+    let after = |step: Destroyed| match step {
+        Destroyed::ComputeInstances => failpoint::hit(failpoint::RECLAIM_AFTER_CI),
+        Destroyed::GpuInstance => failpoint::hit(failpoint::RECLAIM_AFTER_GI),
     };
-    let Some(gi_id) = instance.gpu_instance_id else {
-        return Ok(());
-    };
-    let Some(gpu) =
-        gpu_index(driver, &instance.gpu_uuid).map_err(|e| fail("listing GPUs".to_owned(), e))?
-    else {
-        tracing::warn!(alloc = alloc_id, gpu = %instance.gpu_uuid, "GPU is gone; its instances with it");
-        return Ok(());
-    };
-    let gis = match driver.gpu_instances(gpu) {
-        Ok(gis) => gis,
-        Err(DriverError::NotFound(_)) => return Ok(()),
-        Err(e) => return Err(fail("listing GPU instances".to_owned(), e)),
-    };
-    let Some(gi) = gis.iter().find(|g| g.id == gi_id) else {
-        return Ok(());
-    };
-    if gi.profile_id != instance.profile_id || gi.placement != instance.placement {
-        tracing::warn!(
-            alloc = alloc_id, gpu = %instance.gpu_uuid, gi = gi_id,
-            "GI id now names another profile or placement: not Tessera's, left alone"
-        );
-        return Ok(());
-    }
-    let cis = match driver.compute_instances(gpu, gi_id) {
-        Ok(cis) => cis,
-        Err(DriverError::NotFound(_)) => Vec::new(),
-        Err(e) => return Err(fail(format!("listing CIs of GI {gi_id}"), e)),
-    };
-    if let Some(recorded) = instance.compute_instance_id
-        && let Some(other) = cis.iter().find(|c| c.id != recorded)
-    {
-        tracing::warn!(
-            alloc = alloc_id, gpu = %instance.gpu_uuid, gi = gi_id, ci = other.id,
-            "GI holds a compute instance Tessera did not create; GI left alone"
-        );
-        return Ok(());
-    }
-    for ci in &cis {
-        match driver.destroy_compute_instance(gpu, gi_id, ci.id) {
-            Ok(()) | Err(DriverError::NotFound(_)) => {}
-            Err(e) => return Err(fail(format!("destroying CI {} of GI {gi_id}", ci.id), e)),
-        }
-    }
-    failpoint::hit(failpoint::RECLAIM_AFTER_CI);
-    match driver.destroy_gpu_instance(gpu, gi_id) {
-        Ok(()) | Err(DriverError::NotFound(_)) => {}
-        Err(e) => return Err(fail(format!("destroying GI {gi_id}"), e)),
-    }
-    failpoint::hit(failpoint::RECLAIM_AFTER_GI);
-    Ok(())
-}
-
-fn gpu_index(
-    driver: &(dyn GpuDriver + Send + Sync),
-    uuid: &str,
-) -> Result<Option<u32>, DriverError> {
-    Ok(driver
-        .gpus()?
-        .into_iter()
-        .find(|g| g.uuid == uuid)
-        .map(|g| g.index))
+    allocate::destroy_instance(driver, instance, Unnamed::Skip, &after).map_err(|e| match e {
+        UndoError::Driver { what, gpu, source } => ReconcileError::Driver {
+            alloc_id: alloc_id.to_owned(),
+            what: format!("destroying its instance ({what})"),
+            gpu,
+            source,
+        },
+        UndoError::Io { path, source } => ReconcileError::Io { path, source },
+    })
 }
 
 fn remove_path(path: &Path, dir: bool) -> Result<(), ReconcileError> {
@@ -687,7 +713,7 @@ async fn sweep_records(
     witnesses: &Witnesses,
 ) -> Result<(SweepReport, Vec<String>), ReconcileError> {
     let mut report = SweepReport {
-        adopted: adopt(ctx)?,
+        adopted: blocking(|| adopt(ctx))?,
         ..SweepReport::default()
     };
     let mut to_fail = Vec::new();
@@ -734,12 +760,12 @@ async fn sweep_records(
             reclaim(ctx, &record.alloc_id).await?;
             report.reclaimed += 1;
         } else {
-            check_instances(ctx.driver.as_ref(), record);
+            blocking(|| check_instances(ctx.driver.as_ref(), record));
             report.kept += 1;
         }
     }
     report.files_removed = remove_orphans(ctx, witnesses)?;
-    report.foreign = count_foreign(ctx)?;
+    report.foreign = blocking(|| count_foreign(ctx))?;
     Ok((report, to_fail))
 }
 
@@ -768,7 +794,7 @@ fn adopt(ctx: &NodeContext) -> Result<usize, ReconcileError> {
                 source,
             };
             let Some(gpu) =
-                gpu_index(driver, &instance.gpu_uuid).map_err(|e| fail("listing GPUs", e))?
+                gpu_index_of(driver, &instance.gpu_uuid).map_err(|e| fail("listing GPUs", e))?
             else {
                 continue;
             };
@@ -833,7 +859,7 @@ fn adopt(ctx: &NodeContext) -> Result<usize, ReconcileError> {
 fn check_instances(driver: &(dyn GpuDriver + Send + Sync), record: &AllocRecord) {
     for instance in &record.instances {
         let exists = instance.gpu_instance_id.is_some_and(|gi_id| {
-            gpu_index(driver, &instance.gpu_uuid)
+            gpu_index_of(driver, &instance.gpu_uuid)
                 .ok()
                 .flatten()
                 .and_then(|gpu| driver.gpu_instances(gpu).ok())
@@ -1073,10 +1099,33 @@ mod tests {
         }
     }
 
+    /// Destroys what [`realized`] made (the CI, then the GI) behind the
+    /// plugin's back; returns the GI id, free again for reuse.
+    fn unrealize(driver: &FakeDriver, instance: &InstanceRecord) -> u32 {
+        let gi = instance.gpu_instance_id.expect("gi");
+        let ci = instance.compute_instance_id.expect("ci");
+        driver
+            .destroy_compute_instance(0, gi, ci)
+            .expect("destroy ci");
+        driver.destroy_gpu_instance(0, gi).expect("destroy gi");
+        gi
+    }
+
     fn put(ctx: &NodeContext, record: AllocRecord) {
         ctx.checkpoint
             .update(|c| c.allocations.insert(record.alloc_id.clone(), record))
             .expect("update");
+    }
+
+    /// A killed Allocate's record `id`: `Realizing`, the intent of `of`
+    /// recorded without NVML's ids.
+    fn put_intent(ctx: &NodeContext, id: &str, of: &InstanceRecord) {
+        let intent = InstanceRecord {
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            ..of.clone()
+        };
+        put(ctx, record(id, Phase::Realizing, vec![intent]));
     }
 
     fn write_files(ctx: &NodeContext, id: &str) -> (PathBuf, PathBuf) {
@@ -1159,6 +1208,60 @@ mod tests {
         assert_eq!(w.verdict(&r), Verdict::Unknown);
     }
 
+    #[test]
+    fn a_record_lingers_only_while_a_container_outlives_its_pod_in_the_api() {
+        let id = format!("{UID}-0");
+        let r = record(&id, Phase::Ready, Vec::new());
+        let bound = |mut w: Witnesses| {
+            w.bound.insert(id.clone());
+            w
+        };
+        assert!(bound(witnesses(Some(vec![]))).lingering(&r), "pod deleted");
+        assert!(
+            bound(witnesses(Some(vec![(UID, true)]))).lingering(&r),
+            "pod ended"
+        );
+        assert!(
+            !bound(witnesses(Some(vec![(UID, false)]))).lingering(&r),
+            "its pod runs: nothing is about to end"
+        );
+        assert!(
+            !bound(witnesses(None)).lingering(&r),
+            "the API unread: nothing known"
+        );
+        assert!(
+            !witnesses(Some(vec![])).lingering(&r),
+            "nothing holds it: reclaimed, not lingering"
+        );
+        let mut w = witnesses(Some(vec![]));
+        w.kubelet = KubeletView::Listed(vec![KubeletPod {
+            namespace: "default".to_owned(),
+            name: "p".to_owned(),
+            containers: BTreeMap::from([("c".to_owned(), vec!["MIG-unit-0".to_owned()])]),
+        }]);
+        assert!(w.lingering(&r), "kubelet still lists it");
+    }
+
+    #[test]
+    fn lingering_records_bring_the_next_check_near_but_only_for_a_while() {
+        let t0 = std::time::Instant::now();
+        let mut l = Lingering::default();
+        assert!(!l.recheck(t0), "nothing lingers");
+        l.track(&["a-0".to_owned()], t0);
+        assert!(l.recheck(t0 + Duration::from_secs(1)));
+        // Still lingering later: first seen at t0 all the same.
+        l.track(&["a-0".to_owned()], t0 + Duration::from_secs(5));
+        assert!(!l.recheck(t0 + LINGER_LIMIT), "bounded");
+        // Another record starts lingering: checks come soon again.
+        let t1 = t0 + LINGER_LIMIT;
+        l.track(&["a-0".to_owned(), "b-0".to_owned()], t1);
+        assert!(l.recheck(t1 + Duration::from_secs(1)));
+        // Both gone (reclaimed): back to pod events and the resync.
+        l.track(&[], t1 + Duration::from_secs(2));
+        assert!(!l.recheck(t1 + Duration::from_secs(2)));
+        assert!(LINGER_RECHECK <= Duration::from_millis(500));
+    }
+
     #[tokio::test]
     async fn reclaim_destroys_ci_then_gi_and_files_but_never_a_hand_made_gi() {
         let e = env(a100());
@@ -1208,20 +1311,8 @@ mod tests {
         );
         // The killed reclaim destroyed the second instance; someone then made
         // a GI by hand that got the first one's id... at another placement.
-        let second_gi = second.gpu_instance_id.expect("gi");
-        e.driver
-            .destroy_compute_instance(0, second_gi, second.compute_instance_id.expect("ci"))
-            .expect("destroy ci");
-        e.driver
-            .destroy_gpu_instance(0, second_gi)
-            .expect("destroy gi");
-        let first_gi = first.gpu_instance_id.expect("gi");
-        e.driver
-            .destroy_compute_instance(0, first_gi, first.compute_instance_id.expect("ci"))
-            .expect("destroy ci");
-        e.driver
-            .destroy_gpu_instance(0, first_gi)
-            .expect("destroy gi");
+        unrealize(&e.driver, &second);
+        let first_gi = unrealize(&e.driver, &first);
         let hand_made = realized(&e.driver, 4);
         assert_eq!(
             hand_made.gpu_instance_id,
@@ -1244,13 +1335,8 @@ mod tests {
         let e = env(a100());
         // A killed Allocate: the intent recorded, the GI and CI made, no ids.
         let made = realized(&e.driver, 2);
-        let intent = InstanceRecord {
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            ..made.clone()
-        };
         let half = format!("{UID}-0");
-        put(&e.ctx, record(&half, Phase::Realizing, vec![intent]));
+        put_intent(&e.ctx, &half, &made);
         write_files(&e.ctx, &half);
         // A running pod's allocation, and a GI made by hand.
         let running_uid = "11111111-2222-4333-8444-555555555555";
@@ -1307,13 +1393,8 @@ mod tests {
                 ..record(&format!("{other_uid}-0"), Phase::Ready, vec![named.clone()])
             },
         );
-        let intent = InstanceRecord {
-            gpu_instance_id: None,
-            compute_instance_id: None,
-            ..named.clone()
-        };
         let id = format!("{UID}-0");
-        put(&e.ctx, record(&id, Phase::Realizing, vec![intent]));
+        put_intent(&e.ctx, &id, &named);
         let mut w = witnesses(Some(vec![(UID, false), (other_uid, false)]));
         w.pods
             .as_mut()

@@ -28,7 +28,7 @@ use tessera_model::cdi::transient::{BIND_STAGE, UNBIND_STAGE};
 use tessera_model::cdi::{ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
 use tessera_model::contract::{self, env, vgpu as vgpu_contract};
 use tessera_model::edits::{self, HookSettings};
-use tessera_model::facts::NodeFacts;
+use tessera_model::facts::{LibraryGroups, NodeFacts};
 use tessera_model::vgpu::{CONFIG_VERSION, DeviceConfig, VgpuConfig};
 
 use crate::config::PluginConfig;
@@ -246,6 +246,8 @@ pub struct SpecInput<'a> {
     pub hook: &'a HookSettings,
     /// The node's memory scaling.
     pub memory_scaling: f64,
+    /// The driver-file groups the container gets.
+    pub library_groups: &'a LibraryGroups,
 }
 
 fn device_nodes(
@@ -293,7 +295,7 @@ fn bind(host: &Path, container: &str, options: &[&str]) -> Mount {
 /// container holds only MIG devices — the vGPU library, the preload list,
 /// the limits file and the HAMi-core env.
 pub fn container_edits(input: &SpecInput<'_>) -> Result<ContainerEdits, TransientError> {
-    let mut edits = edits::common(input.facts, input.hook);
+    let mut edits = edits::common(input.facts, input.hook, input.library_groups);
     for device in input.devices {
         for node in device_nodes(input.facts, device)? {
             if !edits.device_nodes.iter().any(|n| n.path == node.path) {
@@ -599,6 +601,7 @@ mod tests {
             paths: &paths,
             hook: &hook,
             memory_scaling: scaling,
+            library_groups: &LibraryGroups::default(),
         })
     }
 

@@ -10,15 +10,15 @@
 //!
 //! Needs root (the node's device nodes) and `tessera-sim` built.
 
-mod allocate_common;
+mod common;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
-use allocate_common::*;
 use anyhow::{Context, Result, bail};
+use common::*;
 use serde_json::json;
 use tessera_driver::GpuDriver;
 use tessera_driver::devices::find_nvml_library;
@@ -66,12 +66,7 @@ async fn allocate_dies_at_every_crash_point_leaving_a_record_that_covers_it() ->
         return Ok(());
     };
     let a100 = w.driver.gpus()?[MIG_GPU as usize].clone();
-    let profile = w
-        .driver
-        .gpu_instance_profiles(MIG_GPU)?
-        .into_iter()
-        .find(|p| p.slice_count == 1)
-        .context("a 1-slice profile")?;
+    let profile = w.one_slice_profile()?;
     let state_dir = w.ctx.config.state_dir.clone();
     let points: Vec<&str> = failpoint::POINTS
         .iter()

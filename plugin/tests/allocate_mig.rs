@@ -11,10 +11,10 @@
 //!
 //! Needs root (the node's device nodes) and `tessera-sim` built.
 
-mod allocate_common;
+mod common;
 
-use allocate_common::*;
 use anyhow::{Context, Result};
+use common::*;
 use serde_json::json;
 use tessera_driver::GpuDriver;
 use tessera_model::cdi::Spec;
@@ -64,12 +64,7 @@ async fn mig_reservations_are_realized_exactly_or_fail_leaving_nothing() -> Resu
     let a100 = gpus[MIG_GPU as usize].clone();
     let h100 = gpus[SHARE_GPU as usize].clone();
     assert!(a100.mig_enabled() && !h100.mig_enabled());
-    let profile = w
-        .driver
-        .gpu_instance_profiles(MIG_GPU)?
-        .into_iter()
-        .find(|p| p.slice_count == 1)
-        .context("a 1-slice profile")?;
+    let profile = w.one_slice_profile()?;
     let legal = w.driver.possible_placements(MIG_GPU, profile.id)?;
     assert!(legal.len() >= 6, "{legal:?}");
     let place = |start: u32| Placement {

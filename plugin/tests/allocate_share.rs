@@ -9,12 +9,12 @@
 //!
 //! Needs root (the node's device nodes) and `tessera-sim` built.
 
-mod allocate_common;
+mod common;
 
 use std::os::unix::fs::PermissionsExt;
 
-use allocate_common::*;
 use anyhow::{Context, Result};
+use common::*;
 use serde_json::json;
 use tessera_driver::GpuDriver;
 use tessera_model::cdi::Spec;

@@ -6,15 +6,16 @@
 //! pod whose reclaim died is reclaimed by the restarted plugin. Last, a
 //! plugin restart with a running pod keeps its instance.
 //!
-//! One simulated node for every point (see `crash_support`). Needs root and
+//! One simulated node for every point (see `common::crash`). Needs root and
 //! `tessera-sim` built; the prerequisite rule skips (locally) or fails (CI).
 
-mod crash_support;
+mod common;
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use crash_support::{Harness, eventually, ready};
+use common::crash::{Harness, ready};
+use common::eventually;
 use tessera_model::contract::annotations;
 use tessera_model::mig::Placement;
 use tessera_plugin::checkpoint::Phase;
@@ -47,7 +48,7 @@ async fn killing_the_plugin_at_every_step_leaks_nothing() -> Result<()> {
         let context = format!("crash at {point}");
         h.start_plugin(Some(point)).await?;
         let pod = h.reserve(&name, placement).await?;
-        let uid = pod.metadata.uid.clone().context("uid")?;
+        let uid = pod.uid.clone();
         if point.starts_with("allocate:") {
             let answer = h.allocate().await?;
             ensure!(
@@ -121,7 +122,7 @@ async fn killing_the_plugin_at_every_step_leaks_nothing() -> Result<()> {
     // A plugin restart with a running pod keeps its instance and spec.
     h.start_plugin(None).await?;
     let pod = h.reserve("survivor", placement).await?;
-    let uid = pod.metadata.uid.clone().context("uid")?;
+    let uid = pod.uid.clone();
     let answer = h.allocate().await?;
     ensure!(
         answer.is_ok(),

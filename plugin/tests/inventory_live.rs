@@ -8,8 +8,8 @@
 //! Needs root (the node's device nodes) and `tessera-sim` built; the
 //! prerequisite rule skips (locally) or fails (CI) without them.
 
-use std::path::Path;
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -18,46 +18,18 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::PostParams;
 use tessera_driver::GpuDriver;
-use tessera_driver::devices::find_nvml_library;
-use tessera_driver::nvml::NvmlDriver;
 use tessera_model::contract::annotations;
 use tessera_model::mig::Placement;
 use tessera_model::sched::inventory::NodeGpus;
-use tessera_plugin::checkpoint::Store;
-use tessera_plugin::config::{CdiMode, DeviceSettings, PluginConfig};
+use tessera_plugin::config::CdiMode;
 use tessera_plugin::health::{GpuHealth, HealthMap};
 use tessera_plugin::inventory;
-use tessera_plugin::run::NodeContext;
-use tessera_test_support::kube::{Cluster, client, needs};
+use tessera_test_support::kube::{Cluster, client};
 use tessera_test_support::node::SimNode;
-use tessera_test_support::{Need, require};
+use tessera_test_support::require;
 use tokio::sync::watch;
 
-const NODE: &str = "sim-node-1";
-
-/// The demo node's MIG GPU (an A100-40GB).
-const MIG_GPU: u32 = 1;
-
-fn config(root: &Path, state_dir: &Path) -> PluginConfig {
-    PluginConfig {
-        node_name: NODE.to_owned(),
-        kubeconfig: None,
-        driver_root: root.to_owned(),
-        nvml_lib: None,
-        kubelet_dir: state_dir.join("kubelet"),
-        cdi_dir: state_dir.join("cdi"),
-        state_dir: state_dir.to_owned(),
-        cdi_mode: CdiMode::CdiField,
-        namespace: "kube-system".to_owned(),
-        hook_path: "/usr/bin/tessera-hook".into(),
-        hook_config: None,
-        vgpu_library: "/usr/lib/tessera/libtessera_vgpu.so".into(),
-        metrics_listen: None,
-        fail_on_init_error: true,
-        devices: DeviceSettings::default(),
-        resource_name: "nvidia.com/gpu".to_owned(),
-    }
-}
+use common::{MIG_GPU, NODE, sim_context, sim_needs};
 
 async fn annotation(nodes: &Api<Node>) -> Result<Option<(String, String)>> {
     let node = nodes.get(NODE).await?;
@@ -92,14 +64,7 @@ async fn wait_for(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_inventory_follows_nvml() -> Result<()> {
-    let unset = std::env::var_os("TESSERA_SIM_ROOT").is_none_or(|v| v.is_empty());
-    let mut wanted = needs();
-    wanted.push(Need::condition(
-        unset,
-        "TESSERA_SIM_ROOT unset (the stand-in would serve that node instead)",
-        "unset TESSERA_SIM_ROOT",
-    ));
-    let Ok(()) = require(&wanted) else {
+    let Ok(()) = require(&sim_needs()) else {
         return Ok(());
     };
     let Ok(sim) = SimNode::profile("demo").build() else {
@@ -114,15 +79,7 @@ async fn the_node_inventory_follows_nvml() -> Result<()> {
         "spec": {},
     }))?;
 
-    let lib = find_nvml_library(sim.root())?;
-    let driver = Arc::new(NvmlDriver::load(&lib)?);
-    let state_dir = sim.dir().join("state");
-    let ctx = Arc::new(NodeContext {
-        config: config(sim.root(), &state_dir),
-        driver: driver.clone(),
-        client: kube.clone(),
-        checkpoint: Arc::new(Store::open(&state_dir)?),
-    });
+    let (driver, ctx) = sim_context(&sim, &kube, CdiMode::CdiField)?;
     let (health_tx, health_rx) = watch::channel(HealthMap::new());
     let (stop_tx, stop_rx) = watch::channel(false);
     let task = tokio::spawn(inventory::run(ctx, health_rx, stop_rx));

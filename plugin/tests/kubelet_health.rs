@@ -1,5 +1,5 @@
 //! The kubelet side of the plugin in-process, over real unix sockets in a
-//! temporary kubelet dir: a Registration server written here plays kubelet,
+//! temporary kubelet dir: test-support's `FakeKubelet` plays kubelet,
 //! the driver is the scripted `FakeDriver` (an H100 shared, an A100 with
 //! MIG). Registration, options, ListAndWatch, XIDs and lost GPUs reaching
 //! ListAndWatch (latency measured), re-registration after a kubelet restart,
@@ -20,58 +20,11 @@ use tessera_plugin::cli::{self, Args};
 use tessera_plugin::health::Health;
 use tessera_plugin::run::NodeContext;
 use tessera_plugin::server;
-use tokio::sync::{mpsc, watch};
-use tonic::{Request, Response, Status};
+use tessera_test_support::kubelet::FakeKubelet;
+use tokio::sync::watch;
 
 const H100: &str = "GPU-h1000000-0000-4000-8000-000000000000";
 const A100: &str = "GPU-a1000001-0000-4000-8000-000000000000";
-
-/// kubelet's Registration service: forwards every request.
-struct Kubelet(mpsc::UnboundedSender<dp::RegisterRequest>);
-
-#[tonic::async_trait]
-impl dp::registration_server::Registration for Kubelet {
-    async fn register(
-        &self,
-        request: Request<dp::RegisterRequest>,
-    ) -> Result<Response<dp::Empty>, Status> {
-        let _ = self.0.send(request.into_inner());
-        Ok(Response::new(dp::Empty {}))
-    }
-}
-
-/// Serves Registration on `<dir>/kubelet.sock` until the task is aborted.
-fn serve_kubelet(
-    dir: &Path,
-) -> Result<(
-    tokio::task::JoinHandle<()>,
-    mpsc::UnboundedReceiver<dp::RegisterRequest>,
-)> {
-    let socket = dir.join("kubelet.sock");
-    let _ = std::fs::remove_file(&socket);
-    let listener = tokio::net::UnixListener::bind(&socket)
-        .with_context(|| format!("binding {}", socket.display()))?;
-    let (tx, rx) = mpsc::unbounded_channel();
-    let task = tokio::spawn(async move {
-        let _ = tonic::transport::Server::builder()
-            .add_service(dp::registration_server::RegistrationServer::new(Kubelet(
-                tx,
-            )))
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
-            .await;
-    });
-    Ok((task, rx))
-}
-
-async fn next_registration(
-    rx: &mut mpsc::UnboundedReceiver<dp::RegisterRequest>,
-    within: Duration,
-) -> Result<dp::RegisterRequest> {
-    tokio::time::timeout(within, rx.recv())
-        .await
-        .context("no registration in time")?
-        .context("registration channel closed")
-}
 
 type Stream = tonic::Streaming<dp::ListAndWatchResponse>;
 
@@ -177,21 +130,19 @@ async fn kubelet_sees_devices_health_and_a_restart() -> Result<()> {
     let socket = dir.join("tessera-gpu.sock");
     // A stale socket of an earlier run: removed at start.
     std::fs::write(&socket, "stale")?;
-    let (first_kubelet, mut registrations) = serve_kubelet(&dir)?;
+    let first_kubelet = FakeKubelet::start(kubelet.path())?;
     let plugin = start_plugin(kubelet.path()).await?;
 
     // Registration: version, our socket's name, the resource, the options.
-    let reg = next_registration(&mut registrations, Duration::from_secs(5)).await?;
+    let reg = first_kubelet
+        .wait_registered("tessera-gpu.sock", Duration::from_secs(5))
+        .await?;
+    assert_eq!(first_kubelet.registrations().len(), 1, "registered once");
     assert_eq!(reg.version, "v1beta1");
-    assert_eq!(reg.endpoint, "tessera-gpu.sock");
     assert_eq!(reg.resource_name, "nvidia.com/gpu");
-    assert_eq!(
-        reg.options,
-        Some(dp::DevicePluginOptions {
-            pre_start_required: false,
-            get_preferred_allocation_available: true,
-        })
-    );
+    let options = reg.options.context("registration without options")?;
+    assert!(!options.pre_start_required);
+    assert!(options.get_preferred_allocation_available);
     let mode = std::fs::metadata(&socket)?.permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "our socket's mode");
     let channel = server::unix_channel(&socket).await?;
@@ -263,18 +214,19 @@ async fn kubelet_sees_devices_health_and_a_restart() -> Result<()> {
 
     // kubelet restarts: it wipes the directory and listens anew. The plugin
     // serves on a fresh socket and registers again; the old stream ends.
-    first_kubelet.abort();
+    drop(first_kubelet);
     let restarted = Instant::now();
     for entry in std::fs::read_dir(&dir)? {
         std::fs::remove_file(entry?.path())?;
     }
-    let (second_kubelet, mut registrations) = serve_kubelet(&dir)?;
-    let reg = next_registration(&mut registrations, Duration::from_secs(5)).await?;
+    let second_kubelet = FakeKubelet::start(kubelet.path())?;
+    second_kubelet
+        .wait_registered("tessera-gpu.sock", Duration::from_secs(5))
+        .await?;
     println!(
         "re-registered {:?} after the kubelet restart",
         restarted.elapsed()
     );
-    assert_eq!(reg.endpoint, "tessera-gpu.sock");
     ensure!(socket.exists(), "our socket is back");
     let ended = tokio::time::timeout(Duration::from_secs(5), stream.message()).await?;
     assert!(
@@ -310,7 +262,7 @@ async fn kubelet_sees_devices_health_and_a_restart() -> Result<()> {
             .exists(),
         "kubelet's socket is not ours to remove"
     );
-    second_kubelet.abort();
+    drop(second_kubelet);
     Ok(())
 }
 
@@ -326,13 +278,13 @@ async fn without_kubelet_it_waits_and_registers_when_kubelet_comes() -> Result<(
             plugin.server.await
         );
     }
-    let dir = kubelet.path().join("device-plugins");
-    std::fs::create_dir(&dir)?;
-    let (kubelet_task, mut registrations) = serve_kubelet(&dir)?;
-    let reg = next_registration(&mut registrations, Duration::from_secs(5)).await?;
+    let fake = FakeKubelet::start(kubelet.path())?;
+    let reg = fake
+        .wait_registered("tessera-gpu.sock", Duration::from_secs(5))
+        .await?;
     assert_eq!(reg.resource_name, "nvidia.com/gpu");
     plugin.shutdown.send(true)?;
     tokio::time::timeout(Duration::from_secs(5), plugin.server).await???;
-    kubelet_task.abort();
+    drop(fake);
     Ok(())
 }

@@ -3,6 +3,8 @@
 //! `/healthz`, a clean stop on shutdown, and a listen address that cannot be
 //! bound → one line naming the flag.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -14,30 +16,18 @@ use anyhow::{Context, Result, bail};
 use tessera_driver::fake::{FakeDriver, FakeGpu};
 use tessera_model::mig::Placement;
 use tessera_plugin::checkpoint::{AllocRecord, InstanceRecord, Phase, Store};
-use tessera_plugin::config::{CdiMode, DeviceSettings, PluginConfig};
+use tessera_plugin::config::{CdiMode, PluginConfig};
 use tessera_plugin::metrics;
 use tessera_plugin::monitor::Monitor;
 use tessera_plugin::run::NodeContext;
 use tokio::sync::watch;
 
+/// The test's configuration, node `node-a`, metrics on `listen`.
 fn config(state_dir: &Path, listen: SocketAddr) -> PluginConfig {
     PluginConfig {
         node_name: "node-a".to_owned(),
-        kubeconfig: None,
-        driver_root: "/".into(),
-        nvml_lib: None,
-        kubelet_dir: state_dir.join("kubelet"),
-        cdi_dir: state_dir.join("cdi"),
-        state_dir: state_dir.to_owned(),
-        cdi_mode: CdiMode::CdiField,
-        namespace: "kube-system".to_owned(),
-        hook_path: "/usr/bin/tessera-hook".into(),
-        hook_config: None,
-        vgpu_library: "/usr/lib/tessera/libtessera_vgpu.so".into(),
         metrics_listen: Some(listen),
-        fail_on_init_error: true,
-        devices: DeviceSettings::default(),
-        resource_name: "nvidia.com/gpu".to_owned(),
+        ..common::config(Path::new("/"), state_dir, CdiMode::CdiField)
     }
 }
 
@@ -179,6 +169,23 @@ async fn mig_instances_are_scraped_with_hami_labels() -> Result<()> {
     assert_eq!(labels, expected);
     assert!(body.contains("# TYPE hami_mig_device_info gauge"), "{body}");
     assert!(body.contains("MigInfo{podnamespace=\"team-a\""), "{body}");
+    // The whole GPU, read from the driver at scrape time.
+    let host: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("hami_host_gpu_memory_used_bytes{"))
+        .collect();
+    assert_eq!(host.len(), 1, "{body}");
+    let (labels, value) = parse_sample(host[0])?;
+    assert_eq!(value, 0.0);
+    assert_eq!(labels["node"], "node-a");
+    assert_eq!(
+        labels["device_uuid"],
+        "GPU-a1000000-0000-4000-8000-000000000000"
+    );
+    assert!(
+        body.contains("HostCoreUtilization{nodeid=\"node-a\",deviceidx=\"0\""),
+        "{body}"
+    );
 
     // Reclaim begins: the instance is no longer listed.
     ctx.checkpoint.update(|c| {

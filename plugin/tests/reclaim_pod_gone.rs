@@ -9,14 +9,15 @@
 //! Needs root and `tessera-sim` built; the prerequisite rule skips (locally)
 //! or fails (CI).
 
-mod crash_support;
+mod common;
 
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use crash_support::{Harness, MIG_GPU, NAMESPACE, eventually, ready};
+use common::crash::{Harness, ready};
+use common::{MIG_GPU, NS, eventually};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -29,7 +30,7 @@ use tessera_model::mig::Placement;
 /// the alloc-id.
 async fn realize(h: &Harness, name: &str, start: u32) -> Result<String> {
     let pod = h.reserve(name, Placement::new(start, 1)?).await?;
-    let uid = pod.metadata.uid.clone().context("uid")?;
+    let uid = pod.uid.clone();
     let answer = h.allocate().await?;
     ensure!(
         answer.is_ok(),
@@ -114,7 +115,7 @@ async fn an_ended_pods_instances_and_files_are_reclaimed_and_nothing_else() -> R
 
     // A pod that ended (Succeeded) but still exists: reclaimed too.
     let id = realize(&h, "ended", 0).await?;
-    let pods: Api<Pod> = Api::namespaced(h.client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(h.client.clone(), NS);
     pods.patch_status(
         "ended",
         &PatchParams::default(),
@@ -157,15 +158,22 @@ async fn an_ended_pods_instances_and_files_are_reclaimed_and_nothing_else() -> R
         "reclaimed while a container was still bound\n{}",
         h.log_text()
     );
-    // The container ends (its process gone): reclaimed by the next pass.
+    // The container ends (its process gone): the reconciler re-checks a
+    // lingering record every 250 ms, so it goes within about a second (not
+    // at the 10 s resync).
     stop(second);
+    let ended = Instant::now();
     eventually(
-        Duration::from_secs(15),
-        "reclaim after the last container",
+        Duration::from_millis(1500),
+        "reclaim within ~1 s of the last container's end",
         || gone(&h, &id, 1),
     )
     .await
     .with_context(|| h.log_text())?;
+    eprintln!(
+        "lingering allocation reclaimed {:?} after its container ended",
+        ended.elapsed()
+    );
 
     ensure!(
         h.gis()? == vec![hand_made],

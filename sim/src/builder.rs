@@ -12,15 +12,24 @@
 //!   proc/devices                      majors: 195 nvidia-frontend, 195 nvidia, <caps> nvidia-caps, <uvm> nvidia-uvm
 //!   proc/driver/nvidia/version        NVRM version line
 //!   proc/driver/nvidia-caps/mig-minors  the full static table (see crate::caps)
-//!   usr/bin/nvidia-smi                stand-in script
-//!   usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1   the NVML stand-in (tessera-sim-nvml)
-//!   usr/lib/x86_64-linux-gnu/libcuda.so.1        the CUDA driver stand-in (tessera-sim-cuda)
-//!   usr/lib/x86_64-linux-gnu/{libnvidia-ptxjitcompiler.so.1, libnvidia-nvvm.so.4,
-//!                             libnvidia-allocator.so.1, libnvidia-cfg.so.1}   placeholder files
+//!   usr/bin/{nvidia-smi, nvidia-debugdump, nvidia-persistenced}   stand-in scripts
+//!   usr/lib/x86_64-linux-gnu/libnvidia-ml.so.<ver>   the NVML stand-in (tessera-sim-nvml)
+//!   usr/lib/x86_64-linux-gnu/libcuda.so.<ver>        the CUDA driver stand-in (tessera-sim-cuda)
+//!   usr/lib/x86_64-linux-gnu/lib<name>.so.<ver>      every other driver library of
+//!                                                    [`DRIVER_LIBRARIES`]: a minimal ELF
+//!                                                    shared object (crate::elf) with its SONAME
+//!   usr/lib/x86_64-linux-gnu/<soname> -> lib<name>.so.<ver>   the SONAME link, where the
+//!                                                    SONAME is not the versioned name itself
 //!   run/tessera-sim/state.json, state.lock       the GI/CI state (crate::state)
 //!   run/tessera-sim/util/                        1777: GPU processes' utilization files
 //!                                                (written by the CUDA stand-in, read by NVML)
 //! ```
+//!
+//! `<ver>` is the profile's driver version. The library files are laid out
+//! as a driver install lays them out: the versioned file, named
+//! `lib<name>.so.<ver>`, carries the SONAME, and `ldconfig` (or the
+//! installer) makes the SONAME link next to it; libraries whose SONAME is the
+//! versioned name (`libnvidia-glcore.so.<ver>`, …) get no link.
 //!
 //! Both stand-in libraries are copies of the cdylibs cargo builds
 //! (`libtessera_sim_nvml.so`, `libtessera_sim_cuda.so`), taken from
@@ -39,6 +48,7 @@ use std::path::{Path, PathBuf};
 use crate::SimError;
 use crate::caps;
 use crate::devnode::{self, CAP_ACCESS_MODE, CAP_CONFIG_MODE, GPU_NODE_MODE};
+use crate::elf;
 use crate::profile::NodeProfile;
 use crate::state::{NodeState, StateStore};
 
@@ -59,13 +69,10 @@ pub const UTIL_DIR: &str = "run/tessera-sim/util";
 /// Library directory under the root.
 pub const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
 
-/// Placeholder driver libraries: `(file name, what it stands in for)`.
-pub const PLACEHOLDER_LIBS: &[(&str, &str)] = &[
-    ("libnvidia-ptxjitcompiler.so.1", "PTX JIT compiler"),
-    ("libnvidia-nvvm.so.4", "NVVM compiler"),
-    ("libnvidia-allocator.so.1", "GBM allocator"),
-    ("libnvidia-cfg.so.1", "configuration library"),
-];
+pub use tessera_model::driver_files::{DRIVER_LIBRARIES, DriverLibrary, Soname};
+
+/// The driver's command-line tools a node has, under `usr/bin`.
+pub const DRIVER_BINARIES: &[&str] = &["nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"];
 
 /// How to build a node.
 #[derive(Debug, Clone)]
@@ -236,22 +243,47 @@ fn lay_out(
     )?;
 
     let lib_dir = root.join(LIB_DIR);
-    for (file, what) in PLACEHOLDER_LIBS {
+    mkdir(&lib_dir)?;
+    let version = &state.driver_version;
+    let mut nvml_library = PathBuf::new();
+    let mut cuda_library = PathBuf::new();
+    for library in DRIVER_LIBRARIES {
+        let file = lib_dir.join(library.file_name(version));
+        let soname = library.soname(version);
+        match library.name {
+            "libnvidia-ml" => {
+                install(sources.nvml, &file, "NVML")?;
+                nvml_library = lib_dir.join(&soname);
+            }
+            "libcuda" => {
+                install(sources.cuda, &file, "CUDA driver")?;
+                cuda_library = lib_dir.join(&soname);
+            }
+            _ => write_bytes(
+                &file,
+                &elf::shared_object(
+                    &soname,
+                    &format!(
+                        "tessera-sim placeholder for the NVIDIA {} {version}",
+                        library.what
+                    ),
+                ),
+                0o755,
+            )?,
+        }
+        if library.soname != Soname::Versioned {
+            let link = lib_dir.join(&soname);
+            std::os::unix::fs::symlink(library.file_name(version), &link)
+                .map_err(|e| SimError::io(&link, e))?;
+        }
+    }
+    for tool in DRIVER_BINARIES {
         write(
-            &lib_dir.join(file),
-            &format!(
-                "# tessera-sim placeholder for the NVIDIA {what} ({file}); not a loadable library\n"
-            ),
+            &root.join("usr/bin").join(tool),
+            &tool_script(tool, state),
             0o755,
         )?;
     }
-    write(
-        &root.join("usr/bin/nvidia-smi"),
-        "#!/bin/sh\n# tessera-sim stand-in for nvidia-smi\necho simulated\n",
-        0o755,
-    )?;
-    let nvml_library = install(sources.nvml, &lib_dir.join("libnvidia-ml.so.1"), "NVML")?;
-    let cuda_library = install(sources.cuda, &lib_dir.join("libcuda.so.1"), "CUDA driver")?;
 
     StateStore::write_new(root, state)?;
     let util = root.join(UTIL_DIR);
@@ -369,15 +401,19 @@ const OWNED: &[&str] = &[
     "proc/devices",
     "proc/driver/nvidia/version",
     "proc/driver/nvidia-caps",
-    "usr/bin/nvidia-smi",
-    "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
-    "usr/lib/x86_64-linux-gnu/libcuda.so.1",
-    "usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1",
-    "usr/lib/x86_64-linux-gnu/libnvidia-nvvm.so.4",
-    "usr/lib/x86_64-linux-gnu/libnvidia-allocator.so.1",
-    "usr/lib/x86_64-linux-gnu/libnvidia-cfg.so.1",
     "run/tessera-sim",
 ];
+
+/// Whether a file in the library directory is one a build makes: a driver
+/// library's versioned file or SONAME link, of any driver version.
+fn is_owned_library(file_name: &str) -> bool {
+    DRIVER_LIBRARIES.iter().any(|library| {
+        file_name
+            .strip_prefix(library.name)
+            .and_then(|rest| rest.strip_prefix(".so."))
+            .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
+    })
+}
 
 /// Checks and clears the root; returns whether it was absent or empty.
 fn prepare_root(root: &Path, force: bool) -> Result<bool, SimError> {
@@ -413,6 +449,16 @@ fn prepare_root(root: &Path, force: bool) -> Result<bool, SimError> {
         for rel in OWNED {
             remove(&root.join(rel))?;
         }
+        for tool in DRIVER_BINARIES {
+            remove(&root.join("usr/bin").join(tool))?;
+        }
+        if let Ok(entries) = fs::read_dir(root.join(LIB_DIR)) {
+            for entry in entries.flatten() {
+                if is_owned_library(&entry.file_name().to_string_lossy()) {
+                    remove(&entry.path())?;
+                }
+            }
+        }
         let dev = root.join("dev");
         if let Ok(entries) = fs::read_dir(&dev) {
             for entry in entries.flatten() {
@@ -446,11 +492,43 @@ fn mkdir(path: &Path) -> Result<(), SimError> {
 }
 
 fn write(path: &Path, text: &str, mode: u32) -> Result<(), SimError> {
+    write_bytes(path, text.as_bytes(), mode)
+}
+
+fn write_bytes(path: &Path, bytes: &[u8], mode: u32) -> Result<(), SimError> {
     if let Some(dir) = path.parent() {
         mkdir(dir)?;
     }
-    fs::write(path, text).map_err(|e| SimError::io(path, e))?;
+    fs::write(path, bytes).map_err(|e| SimError::io(path, e))?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| SimError::io(path, e))
+}
+
+/// The stand-in script of a driver tool. `nvidia-smi` answers `-L` with the
+/// node's GPUs as they were built (`GPU <index>: <product> (UUID: GPU-…)`)
+/// and prints the driver version otherwise; the others say what they stand
+/// in for and succeed.
+fn tool_script(tool: &str, state: &NodeState) -> String {
+    let version = &state.driver_version;
+    let mut script = format!("#!/bin/sh\n# tessera-sim stand-in for {tool} (driver {version})\n");
+    if tool == "nvidia-smi" {
+        script.push_str("if [ \"$1\" = \"-L\" ] || [ \"$1\" = \"--list-gpus\" ]; then\n");
+        for gpu in &state.gpus {
+            let product =
+                crate::catalogue::find(&gpu.model).map_or(gpu.model.as_str(), |m| m.product_name);
+            script.push_str(&format!(
+                "  echo 'GPU {}: {product} (UUID: {})'\n",
+                gpu.index, gpu.uuid
+            ));
+        }
+        script.push_str("  exit 0\nfi\n");
+        script.push_str(&format!(
+            "echo 'NVIDIA-SMI {version} (tessera-sim): {} GPU(s)'\n",
+            state.gpus.len()
+        ));
+    } else {
+        script.push_str(&format!("echo '{tool} {version} (tessera-sim stand-in)'\n"));
+    }
+    script
 }
 
 /// `/proc/devices` as a host with the NVIDIA driver shows it: majors right

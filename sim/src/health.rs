@@ -183,6 +183,7 @@ mod tests {
                 minor: index,
                 uuid: format!("GPU-0000000{index}-0000-0000-0000-000000000000"),
                 model: "A100-40GB".into(),
+                pci_bus: None,
                 mig_enabled: mig,
                 mig_pending: mig,
                 gpu_instances: Vec::new(),

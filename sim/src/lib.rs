@@ -22,6 +22,7 @@ pub mod caps;
 mod catalogue;
 pub mod clock;
 pub mod devnode;
+pub mod elf;
 pub mod error;
 pub mod health;
 pub mod ids;

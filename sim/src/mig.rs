@@ -402,6 +402,7 @@ mod tests {
             minor: 0,
             uuid: ids::gpu_uuid("t", 0, model),
             model: model.into(),
+            pci_bus: None,
             mig_enabled: true,
             mig_pending: true,
             gpu_instances: Vec::new(),

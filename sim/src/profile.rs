@@ -12,6 +12,8 @@
 //! model = "H100-80GB"             # a catalogue key
 //! count = 1                       # default 1
 //! mig = false                     # default false
+//! minor = 4                       # optional: device minor of the group's first GPU
+//! pci_bus = 0x9a                  # optional: PCI bus of the group's first GPU
 //! [[gpu]]
 //! model = "A100-40GB"
 //! mig = true
@@ -20,8 +22,15 @@
 //!
 //! Every group of `count` GPUs gets the same instances, each a GPU instance
 //! with one compute instance spanning it; a missing `start` means the first
-//! legal start that is still free. GPUs are numbered in file order, and the
-//! device minor equals the index.
+//! legal start that is still free. GPUs are numbered (NVML index) in file
+//! order. The device minor (`/dev/nvidia<minor>`, `nvmlDeviceGetMinorNumber`,
+//! the key of the mig-minors table) equals the index unless the group sets
+//! `minor`: then its GPUs get `minor`, `minor + 1`, … — on real multi-GPU
+//! nodes the minors follow the driver's probe order, not the PCI order NVML
+//! indexes by, so they often differ. Minors must be distinct and below
+//! [`MAX_GPUS`]. Likewise `pci_bus` numbers the group's GPUs' PCI buses
+//! (`0000:<bus>:00.0`), default [`crate::state::default_pci_bus`] of the
+//! index; buses must be distinct and at most 0xff.
 //!
 //! Unknown keys are refused. Errors are one line naming the file and the
 //! field, e.g. `profile nodes/x.toml: gpu[1].model: unknown GPU model "H300"
@@ -44,6 +53,7 @@ static SHIPPED: &[(&str, &str)] = &[
     ("demo", include_str!("../profiles/demo.toml")),
     ("mig-mixed", include_str!("../profiles/mig-mixed.toml")),
     ("dynamic", include_str!("../profiles/dynamic.toml")),
+    ("probe-order", include_str!("../profiles/probe-order.toml")),
     (
         "bench-8xh100",
         include_str!("../profiles/bench-8xh100.toml"),
@@ -95,6 +105,14 @@ pub struct GpuGroup {
     /// MIG instances made on each GPU of the group at build time.
     #[serde(default)]
     pub instances: Vec<InstanceSpec>,
+    /// Device minor of the group's first GPU (the next ones count up);
+    /// `None`: the minors equal the indexes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
+    /// PCI bus of the group's first GPU (the next ones count up); `None`:
+    /// [`crate::state::default_pci_bus`] of each index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus: Option<u32>,
 }
 
 /// One pre-created MIG instance (GI plus one full-size CI).
@@ -347,12 +365,44 @@ impl NodeProfile {
                     "MIG instances need mig = true on this GPU".into(),
                 ));
             }
-            for _ in 0..group.count {
+            for k in 0..group.count {
+                let minor = group.minor.map_or(index, |m| m + k);
+                if minor >= MAX_GPUS {
+                    return Err(err(
+                        format!("{at}.minor"),
+                        format!(
+                            "minor {minor} is past the last the mig-minors table covers ({})",
+                            MAX_GPUS - 1
+                        ),
+                    ));
+                }
+                if node.gpus.iter().any(|g| g.minor == minor) {
+                    return Err(err(
+                        format!("{at}.minor"),
+                        format!("minor {minor} is already taken by another GPU"),
+                    ));
+                }
+                let pci_bus = group
+                    .pci_bus
+                    .map_or_else(|| crate::state::default_pci_bus(index), |b| b + k);
+                if pci_bus > 0xff {
+                    return Err(err(
+                        format!("{at}.pci_bus"),
+                        format!("bus {pci_bus:#x} is past 0xff"),
+                    ));
+                }
+                if node.gpus.iter().any(|g| g.pci_bus() == pci_bus) {
+                    return Err(err(
+                        format!("{at}.pci_bus"),
+                        format!("bus {pci_bus:#x} is already taken by another GPU"),
+                    ));
+                }
                 node.gpus.push(SimGpu {
                     index,
-                    minor: index,
+                    minor,
                     uuid: ids::gpu_uuid(&self.name, index, &group.model),
                     model: group.model.clone(),
+                    pci_bus: Some(pci_bus),
                     mig_enabled: group.mig,
                     mig_pending: group.mig,
                     gpu_instances: Vec::new(),
@@ -489,6 +539,20 @@ impl Walker<'_> {
         }
     }
 
+    fn opt_u32(
+        &self,
+        t: &Map<String, Value>,
+        at: &str,
+        key: &str,
+    ) -> Result<Option<u32>, SimError> {
+        match self.opt_uint(t, at, key)? {
+            None => Ok(None),
+            Some(v) => u32::try_from(v)
+                .map(Some)
+                .map_err(|_| self.err(&join_field(at, key), format!("{v} is out of range"))),
+        }
+    }
+
     fn opt_bool(
         &self,
         t: &Map<String, Value>,
@@ -507,7 +571,11 @@ impl Walker<'_> {
 
     fn gpu_group(&self, v: &Value, at: &str) -> Result<GpuGroup, SimError> {
         let t = self.table(v, at)?;
-        self.known_keys(t, at, &["model", "count", "mig", "instances"])?;
+        self.known_keys(
+            t,
+            at,
+            &["model", "count", "mig", "instances", "minor", "pci_bus"],
+        )?;
         let model = self
             .opt_str(t, at, "model")?
             .ok_or_else(|| self.err(&format!("{at}.model"), "missing".into()))?
@@ -539,11 +607,15 @@ impl Walker<'_> {
                 ));
             }
         };
+        let minor = self.opt_u32(t, at, "minor")?;
+        let pci_bus = self.opt_u32(t, at, "pci_bus")?;
         Ok(GpuGroup {
             model,
             count,
             mig,
             instances,
+            minor,
+            pci_bus,
         })
     }
 

@@ -63,6 +63,10 @@ pub struct SimGpu {
     pub uuid: String,
     /// Catalogue key of the model, e.g. `H100-80GB`.
     pub model: String,
+    /// PCI bus number (`0000:<bus>:00.0`); `None` in state files written
+    /// before the field existed: [`SimGpu::pci_bus`] then derives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus: Option<u32>,
     /// Current MIG mode.
     pub mig_enabled: bool,
     /// Pending MIG mode (what `nvmlDeviceGetMigMode` reports as pending).
@@ -133,7 +137,29 @@ impl NodeState {
     }
 }
 
+/// The PCI bus a GPU at NVML index `index` sits on when its profile names
+/// none: 7, 15, 23, … (ascending with the index, as NVML enumerates GPUs in
+/// PCI bus order; 32 GPUs stay below 0x100).
+pub fn default_pci_bus(index: u32) -> u32 {
+    7 + 8 * index
+}
+
 impl SimGpu {
+    /// The GPU's PCI bus number: the profile's, or [`default_pci_bus`].
+    pub fn pci_bus(&self) -> u32 {
+        self.pci_bus.unwrap_or_else(|| default_pci_bus(self.index))
+    }
+
+    /// The GPU's PCI address as NVML's `busIdLegacy` writes it: `0000:07:00.0`.
+    pub fn pci_bus_id_legacy(&self) -> String {
+        format!("0000:{:02X}:00.0", self.pci_bus())
+    }
+
+    /// The GPU's PCI address as NVML's `busId` writes it: `00000000:07:00.0`.
+    pub fn pci_bus_id(&self) -> String {
+        format!("00000000:{:02X}:00.0", self.pci_bus())
+    }
+
     /// The GPU instance with id `gi_id`.
     pub fn gpu_instance(&self, gi_id: u32) -> Option<&SimGpuInstance> {
         self.gpu_instances.iter().find(|gi| gi.id == gi_id)
@@ -352,6 +378,7 @@ mod tests {
             minor: 0,
             uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
             model: "A100-40GB".into(),
+            pci_bus: None,
             mig_enabled: true,
             mig_pending: true,
             gpu_instances: vec![SimGpuInstance {

@@ -6,8 +6,9 @@ use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use tessera_sim::builder::{BuildOptions, build_node};
+use tessera_sim::builder::{BuildOptions, DRIVER_BINARIES, DRIVER_LIBRARIES, Soname, build_node};
 use tessera_sim::caps;
+use tessera_sim::elf;
 use tessera_sim::profile::{NodeProfile, shipped_profiles};
 use tessera_sim::state::StateStore;
 use tessera_test_support::{Need, require};
@@ -75,6 +76,8 @@ fn every_shipped_profile_builds_with_the_right_device_nodes() {
             "libnvidia-nvvm.so.4",
             "libnvidia-allocator.so.1",
             "libnvidia-cfg.so.1",
+            "libnvidia-encode.so.1",
+            "libnvcuvid.so.1",
         ] {
             assert!(
                 root.join("usr/lib/x86_64-linux-gnu").join(lib).is_file(),
@@ -275,4 +278,162 @@ fn ensure_cap_nodes_adds_nodes_for_a_new_instance() {
     assert_char(&ci, 508, 13, 0o444);
     // Idempotent.
     caps::ensure_cap_nodes(&built.root, 0, 1, 0).unwrap();
+}
+
+/// `dlopen`s `path` now and closes it; the loader's message on failure.
+fn dlopen(path: &Path) -> Result<(), String> {
+    let c_path =
+        std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("a path without NUL");
+    // SAFETY: the placeholder objects run no code (no initialisers, no
+    // symbols); the handle is closed at once and not used otherwise.
+    let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        // SAFETY: dlerror returns null or libc's NUL-terminated message, read at once.
+        let e = unsafe { libc::dlerror() };
+        return Err(if e.is_null() {
+            "dlopen failed".into()
+        } else {
+            // SAFETY: non-null and NUL-terminated, as above.
+            unsafe { std::ffi::CStr::from_ptr(e) }
+                .to_string_lossy()
+                .into_owned()
+        });
+    }
+    // SAFETY: a handle dlopen just returned, closed once.
+    unsafe { libc::dlclose(handle) };
+    Ok(())
+}
+
+#[test]
+fn driver_libraries_are_versioned_elf_objects_with_soname_links() {
+    require!(Need::DeviceNodes);
+    let (_tmp, built) = common::build(&NodeProfile::load("h100-80gb").unwrap());
+    let lib_dir = built.root.join("usr/lib/x86_64-linux-gnu");
+    let version = &built.state.driver_version;
+    // The agreed list (8 compute, 3 video, 9 graphics) and what discovery
+    // knows besides: the one table of `tessera_model::driver_files`.
+    assert_eq!(
+        DRIVER_LIBRARIES.len(),
+        26,
+        "11 compute, 3 video, 12 graphics"
+    );
+    for library in DRIVER_LIBRARIES {
+        let file = lib_dir.join(format!("{}.so.{version}", library.name));
+        let meta =
+            fs::symlink_metadata(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert!(meta.is_file(), "{} is a regular file", file.display());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o755);
+        let soname = library.soname(version);
+        match library.soname {
+            Soname::Major(_) => {
+                let link = lib_dir.join(&soname);
+                assert_eq!(
+                    fs::read_link(&link).unwrap_or_else(|e| panic!("{}: {e}", link.display())),
+                    Path::new(&format!("{}.so.{version}", library.name)),
+                    "{soname} links to the versioned file, relatively"
+                );
+            }
+            Soname::Versioned => assert_eq!(soname, format!("{}.so.{version}", library.name)),
+        }
+        if matches!(library.name, "libcuda" | "libnvidia-ml") {
+            // The fake stand-ins of this test are copied as they are.
+            continue;
+        }
+        let bytes = fs::read(&file).unwrap();
+        assert_eq!(
+            elf::soname(&bytes).as_deref(),
+            Some(soname.as_str()),
+            "{}",
+            file.display()
+        );
+        dlopen(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    }
+    // SONAME links of libraries whose SONAME is versioned do not exist.
+    assert!(!lib_dir.join("libnvidia-glcore.so.1").exists());
+    for tool in DRIVER_BINARIES {
+        let path = built.root.join("usr/bin").join(tool);
+        let out = std::process::Command::new(&path).output().unwrap();
+        assert!(out.status.success(), "{tool}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(version.as_str()),
+            "{tool}"
+        );
+    }
+    let smi = std::process::Command::new(built.root.join("usr/bin/nvidia-smi"))
+        .arg("-L")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&smi.stdout),
+        format!(
+            "GPU 0: NVIDIA H100 80GB HBM3 (UUID: {})\n",
+            built.state.gpus[0].uuid
+        )
+    );
+}
+
+#[test]
+fn ldconfig_files_the_placeholders_under_their_sonames() {
+    require!(Need::DeviceNodes);
+    let (_tmp, built) = common::build(&NodeProfile::load("demo").unwrap());
+    let lib_dir = built.root.join("usr/lib/x86_64-linux-gnu");
+    // Remove the links the builder made: ldconfig -n must make the same ones
+    // from the SONAMEs it reads out of the files.
+    for library in DRIVER_LIBRARIES {
+        if let Soname::Major(_) = library.soname
+            && !matches!(library.name, "libcuda" | "libnvidia-ml")
+        {
+            fs::remove_file(lib_dir.join(library.soname(&built.state.driver_version))).unwrap();
+        }
+    }
+    let status = std::process::Command::new("ldconfig")
+        .arg("-n")
+        .arg(&lib_dir)
+        .status()
+        .expect("run ldconfig (glibc's, on every Linux host)");
+    assert!(status.success());
+    for library in DRIVER_LIBRARIES {
+        if let Soname::Major(_) = library.soname
+            && !matches!(library.name, "libcuda" | "libnvidia-ml")
+        {
+            let link = lib_dir.join(library.soname(&built.state.driver_version));
+            assert_eq!(
+                fs::read_link(&link)
+                    .unwrap_or_else(|e| panic!("ldconfig made no {}: {e}", link.display())),
+                Path::new(&library.file_name(&built.state.driver_version))
+            );
+        }
+    }
+}
+
+#[test]
+fn probe_order_profile_gives_minors_other_than_the_indexes() {
+    require!(Need::DeviceNodes);
+    let (_tmp, built) = common::build(&NodeProfile::load("probe-order").unwrap());
+    let minors: Vec<(u32, u32, u32)> = built
+        .state
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.minor, g.pci_bus()))
+        .collect();
+    assert_eq!(minors, vec![(0, 2, 0x1b), (1, 0, 0x43), (2, 5, 0x9d)]);
+    for gpu in &built.state.gpus {
+        assert_char(
+            &built.root.join(format!("dev/nvidia{}", gpu.minor)),
+            195,
+            gpu.minor,
+            0o666,
+        );
+    }
+    assert!(!built.root.join("dev/nvidia1").exists());
+    // The cap nodes of each instance are keyed by the GPU's minor.
+    let h100 = &built.state.gpus[0];
+    for gi in &h100.gpu_instances {
+        let minor = caps::gi_access_minor(2, gi.id).unwrap();
+        assert_char(&caps::cap_node_path(&built.root, minor), 508, minor, 0o444);
+    }
+    let a100 = &built.state.gpus[2];
+    let gi = &a100.gpu_instances[0];
+    let minor = caps::ci_access_minor(5, gi.id, gi.compute_instances[0].id).unwrap();
+    assert_char(&caps::cap_node_path(&built.root, minor), 508, minor, 0o444);
 }

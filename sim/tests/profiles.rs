@@ -151,7 +151,7 @@ fn unknown_model_names_the_field_and_the_known_models() {
 fn unknown_fields_are_refused() {
     assert_eq!(
         parse_err("x.toml", "[[gpu]]\nmodel = \"H100-80GB\"\nmigg = true\n"),
-        "profile x.toml: gpu[0].migg: unknown field (expected one of: model, count, mig, instances)"
+        "profile x.toml: gpu[0].migg: unknown field (expected one of: model, count, mig, instances, minor, pci_bus)"
     );
     assert_eq!(
         parse_err("x.toml", "nam = \"x\"\n[[gpu]]\nmodel = \"A30\"\n"),
@@ -252,5 +252,46 @@ fn unknown_names_and_missing_files_are_one_line() {
     assert!(
         err.starts_with("profile /nonexistent/x.toml: file: cannot read: "),
         "{err}"
+    );
+}
+
+#[test]
+fn minors_and_buses_are_checked() {
+    assert_eq!(
+        parse_err(
+            "x.toml",
+            "[[gpu]]\nmodel = \"A30\"\nminor = 1\n[[gpu]]\nmodel = \"A30\"\ncount = 2\n"
+        ),
+        "profile x.toml: gpu[1].minor: minor 1 is already taken by another GPU"
+    );
+    assert_eq!(
+        parse_err("x.toml", "[[gpu]]\nmodel = \"A30\"\nminor = 32\n"),
+        "profile x.toml: gpu[0].minor: minor 32 is past the last the mig-minors table covers (31)"
+    );
+    assert_eq!(
+        parse_err(
+            "x.toml",
+            "[[gpu]]\nmodel = \"A30\"\npci_bus = 0x0f\n[[gpu]]\nmodel = \"A30\"\n"
+        ),
+        "profile x.toml: gpu[1].pci_bus: bus 0xf is already taken by another GPU"
+    );
+    let p = NodeProfile::parse_toml(
+        "[[gpu]]\nmodel = \"A30\"\ncount = 2\nminor = 6\npci_bus = 0x40\n",
+        "x.toml",
+        "x",
+    )
+    .unwrap();
+    let state = p.node_state("x").unwrap();
+    let got: Vec<(u32, u32, String)> = state
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.minor, g.pci_bus_id()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (0, 6, "00000000:40:00.0".to_string()),
+            (1, 7, "00000000:41:00.0".to_string())
+        ]
     );
 }

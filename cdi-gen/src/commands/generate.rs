@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use tessera_model::contract;
 use tessera_model::edits::HookSettings;
+use tessera_model::facts::LibraryGroups;
 
 use super::NodeArgs;
 use crate::CdiGenError;
@@ -28,6 +29,10 @@ pub struct GenerateArgs {
     /// (a node whose CDI or state directory is not the default needs one).
     #[arg(long, value_name = "FILE")]
     pub hook_config: Option<String>,
+    /// Driver-file groups the spec mounts: a comma-separated list of compute,
+    /// video, graphics, utilities, or all.
+    #[arg(long, value_name = "GROUPS", default_value_t = LibraryGroups::default())]
+    pub library_groups: LibraryGroups,
 }
 
 /// What `generate` did, for the caller to report.
@@ -57,13 +62,13 @@ pub fn run(args: &GenerateArgs) -> Result<Generated, CdiGenError> {
             reason: format!("{config:?} is not an absolute path"),
         });
     }
-    let facts = crate::discover_node(&args.node.driver_root, args.node.nvml_lib.as_deref())?;
+    let facts = crate::discover_node(&args.node.layout(), args.node.nvml_lib.as_deref())?;
     let hook = HookSettings {
         path: args.hook_path.clone(),
         env: vec![contract::hook::PATH_ENV.to_owned()],
         config: args.hook_config.clone(),
     };
-    let spec = crate::static_spec(&facts, &hook)?;
+    let spec = crate::static_spec(&facts, &hook, &args.library_groups)?;
     let text = writer::render(&spec, args.format)?;
     if args.output.as_os_str() == "-" {
         use std::io::Write;

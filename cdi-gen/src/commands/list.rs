@@ -18,7 +18,7 @@ pub struct ListArgs {
 
 /// Discovers the node and renders its table.
 pub fn run(args: &ListArgs) -> Result<String, CdiGenError> {
-    let facts = crate::discover_node(&args.node.driver_root, args.node.nvml_lib.as_deref())?;
+    let facts = crate::discover_node(&args.node.layout(), args.node.nvml_lib.as_deref())?;
     Ok(table(&facts))
 }
 

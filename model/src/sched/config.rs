@@ -207,6 +207,21 @@ pub struct FilterDevices {
     pub index: Vec<u32>,
 }
 
+impl FilterDevices {
+    /// Whether the GPU with `index` and `uuid` is filtered out. A `uuid`
+    /// entry is compared without surrounding blanks, and one that is a bare
+    /// number names an index (HAMi's lists mix the two); the extender and the
+    /// device plugin both ask here, so they never disagree on a GPU.
+    pub fn excludes(&self, index: u32, uuid: &str) -> bool {
+        self.index.contains(&index)
+            || self
+                .uuid
+                .iter()
+                .map(|f| f.trim())
+                .any(|f| f == uuid || f.parse::<u32>().is_ok_and(|i| i == index))
+    }
+}
+
 /// The settings in force on one node: the `nvidia:` values with its
 /// `nodeconfig` entry applied.
 #[derive(Debug, Clone, PartialEq)]
@@ -524,21 +539,33 @@ impl ClusterConfig {
     /// `None` when no entry matches (no MIG profile may be created on it).
     /// Between equally specific entries the first wins.
     pub fn allowed_profiles(&self, model: &str) -> Option<&[String]> {
-        let mut best: Option<(usize, &MigAllowlistEntry)> = None;
-        for entry in &self.nvidia.mig_profile_allowlist {
-            let score = entry
-                .models
-                .iter()
-                .filter_map(|written| gpu_type::specificity(written, model))
-                .max();
-            if let Some(score) = score
-                && best.is_none_or(|(b, _)| score > b)
-            {
-                best = Some((score, entry));
-            }
-        }
-        best.map(|(_, entry)| entry.profiles.as_slice())
+        allowed_profiles(&self.nvidia.mig_profile_allowlist, model)
     }
+}
+
+/// The profile names `allowlist` allows on a GPU whose product name is
+/// `model`: the most specific matching entry's (see [`super::gpu_type`]), or
+/// `None` when no entry matches (no MIG profile may be created on it).
+/// Between equally specific entries the first wins. The one reading of
+/// `migProfileAllowlist`, the extender's and the device plugin's.
+pub fn allowed_profiles<'a>(
+    allowlist: &'a [MigAllowlistEntry],
+    model: &str,
+) -> Option<&'a [String]> {
+    let mut best: Option<(usize, &MigAllowlistEntry)> = None;
+    for entry in allowlist {
+        let score = entry
+            .models
+            .iter()
+            .filter_map(|written| gpu_type::specificity(written, model))
+            .max();
+        if let Some(score) = score
+            && best.is_none_or(|(b, _)| score > b)
+        {
+            best = Some((score, entry));
+        }
+    }
+    best.map(|(_, entry)| entry.profiles.as_slice())
 }
 
 fn check_split(field: &str, split: u32) -> Result<(), ConfigError> {

@@ -513,9 +513,7 @@ fn prefixed(several: bool, container: &ContainerRequest, reason: String) -> Unfi
 
 /// Why a GPU is not offered to this pod, if it is not.
 fn exclusion(gpu: &NodeGpu, request: &PodRequest, settings: &NodeSettings) -> Option<Exclusion> {
-    if settings.filter.uuid.iter().any(|u| u == &gpu.uuid)
-        || settings.filter.index.contains(&gpu.index)
-    {
+    if settings.filter.excludes(gpu.index, &gpu.uuid) {
         return Some(Exclusion::Filtered);
     }
     if !gpu.healthy {
@@ -937,10 +935,7 @@ fn node_fullness(gpus: &[NodeGpu], usage: &NodeUsage, settings: &NodeSettings) -
     let mut sum = 0.0;
     let mut counted = 0u32;
     for gpu in gpus {
-        if !gpu.healthy
-            || settings.filter.index.contains(&gpu.index)
-            || settings.filter.uuid.contains(&gpu.uuid)
-        {
+        if !gpu.healthy || settings.filter.excludes(gpu.index, &gpu.uuid) {
             continue;
         }
         let held = usage.gpus.get(&gpu.uuid).unwrap_or(&empty);

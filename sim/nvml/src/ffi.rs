@@ -445,6 +445,144 @@ pub struct NvmlProcessInfo {
     pub compute_instance_id: c_uint,
 }
 
+/// `NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE`: the `busId` of [`NvmlPciInfo`].
+pub const PCI_BUS_ID_BUFFER_V2_SIZE: usize = 32;
+/// `NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE`: `busIdLegacy`, and the v1 `busId`.
+pub const PCI_BUS_ID_BUFFER_SIZE: usize = 16;
+
+/// `nvmlPciInfo_t` (what `nvmlDeviceGetPciInfo_v3` fills).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlPciInfo {
+    /// `busIdLegacy`: `0000:07:00.0`.
+    pub bus_id_legacy: [c_char; PCI_BUS_ID_BUFFER_SIZE],
+    /// `domain`.
+    pub domain: c_uint,
+    /// `bus`.
+    pub bus: c_uint,
+    /// `device`.
+    pub device: c_uint,
+    /// `pciDeviceId`: device id in the upper 16 bits, vendor id in the lower.
+    pub pci_device_id: c_uint,
+    /// `pciSubSystemId`.
+    pub pci_sub_system_id: c_uint,
+    /// `busId`: `00000000:07:00.0`.
+    pub bus_id: [c_char; PCI_BUS_ID_BUFFER_V2_SIZE],
+}
+
+/// The `nvmlPciInfo_t` of `nvmlDeviceGetPciInfo` and `_v2` (before the
+/// 32-byte `busId`): `busId[16]`, the ids, four reserved words.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlPciInfoV1 {
+    /// `busId`: `0000:07:00.0`.
+    pub bus_id: [c_char; PCI_BUS_ID_BUFFER_SIZE],
+    /// `domain`.
+    pub domain: c_uint,
+    /// `bus`.
+    pub bus: c_uint,
+    /// `device`.
+    pub device: c_uint,
+    /// `pciDeviceId`.
+    pub pci_device_id: c_uint,
+    /// `pciSubSystemId`.
+    pub pci_sub_system_id: c_uint,
+    /// `reserved0..3`.
+    pub reserved: [c_uint; 4],
+}
+
+/// `nvmlPciInfoExt_v1_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NvmlPciInfoExt {
+    /// `version`: [`PCI_INFO_EXT_V1`].
+    pub version: c_uint,
+    /// `domain`.
+    pub domain: c_uint,
+    /// `bus`.
+    pub bus: c_uint,
+    /// `device`.
+    pub device: c_uint,
+    /// `pciDeviceId`.
+    pub pci_device_id: c_uint,
+    /// `pciSubSystemId`.
+    pub pci_sub_system_id: c_uint,
+    /// `baseClass`: 3, display controller.
+    pub base_class: c_uint,
+    /// `subClass`: 2, 3D controller.
+    pub sub_class: c_uint,
+    /// `busId`.
+    pub bus_id: [c_char; PCI_BUS_ID_BUFFER_V2_SIZE],
+}
+/// `nvmlPciInfoExt_v1`.
+pub const PCI_INFO_EXT_V1: c_uint = struct_version(size_of::<NvmlPciInfoExt>(), 1);
+
+/// `nvmlDeviceAttributes_t` (MIG device handles only).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlDeviceAttributes {
+    /// `multiprocessorCount`.
+    pub multiprocessor_count: c_uint,
+    /// `sharedCopyEngineCount`.
+    pub shared_copy_engine_count: c_uint,
+    /// `sharedDecoderCount`.
+    pub shared_decoder_count: c_uint,
+    /// `sharedEncoderCount`.
+    pub shared_encoder_count: c_uint,
+    /// `sharedJpegCount`.
+    pub shared_jpeg_count: c_uint,
+    /// `sharedOfaCount`.
+    pub shared_ofa_count: c_uint,
+    /// `gpuInstanceSliceCount`.
+    pub gpu_instance_slice_count: c_uint,
+    /// `computeInstanceSliceCount`.
+    pub compute_instance_slice_count: c_uint,
+    /// `memorySizeMB`.
+    pub memory_size_mb: c_ulonglong,
+}
+
+/// `nvmlBAR1Memory_t`, in bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlBar1Memory {
+    /// `bar1Total`.
+    pub total: c_ulonglong,
+    /// `bar1Free`.
+    pub free: c_ulonglong,
+    /// `bar1Used`.
+    pub used: c_ulonglong,
+}
+
+/// `nvmlViolationTime_t`, in nanoseconds.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlViolationTime {
+    /// `referenceTime`.
+    pub reference_time: c_ulonglong,
+    /// `violationTime`.
+    pub violation_time: c_ulonglong,
+}
+
+/// `nvmlFieldValue_t`; the value union is kept as its 8 raw bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NvmlFieldValue {
+    /// `fieldId`.
+    pub field_id: c_uint,
+    /// `scopeId`.
+    pub scope_id: c_uint,
+    /// `timestamp` (µs since the epoch).
+    pub timestamp: i64,
+    /// `latencyUsec`.
+    pub latency_usec: i64,
+    /// `valueType`.
+    pub value_type: c_uint,
+    /// `nvmlReturn`: this field's own result.
+    pub nvml_return: NvmlReturn,
+    /// `value`.
+    pub value: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,6 +590,41 @@ mod tests {
 
     // Sizes and offsets as the C compiler lays out the structs of nvml.h
     // (x86-64 SysV), cross-checked against nvml-wrapper-sys 0.10's bindgen output.
+
+    /// Asserts that our struct has bindgen's size and, for each named pair,
+    /// the same field offset.
+    macro_rules! same_layout {
+        ($ours:ty = $theirs:ty { $($field:ident = $their_field:ident),* $(,)? }) => {
+            assert_eq!(size_of::<$ours>(), size_of::<$theirs>(), stringify!($ours));
+            $(
+                assert_eq!(
+                    offset_of!($ours, $field),
+                    offset_of!($theirs, $their_field),
+                    concat!(stringify!($ours), ".", stringify!($field))
+                );
+            )*
+        };
+    }
+
+    #[test]
+    fn device_info_structs_match_the_header_layout() {
+        use nvml_wrapper_sys::bindings as b;
+        same_layout!(NvmlPciInfo = b::nvmlPciInfo_t {
+            bus_id = busId,
+            pci_sub_system_id = pciSubSystemId,
+        });
+        assert_eq!(size_of::<NvmlPciInfoV1>(), 52);
+        same_layout!(NvmlPciInfoExt = b::nvmlPciInfoExt_t { bus_id = busId });
+        same_layout!(NvmlDeviceAttributes = b::nvmlDeviceAttributes_t {
+            memory_size_mb = memorySizeMB,
+        });
+        same_layout!(NvmlBar1Memory = b::nvmlBAR1Memory_t {});
+        same_layout!(NvmlViolationTime = b::nvmlViolationTime_t {});
+        same_layout!(NvmlFieldValue = b::nvmlFieldValue_t {
+            nvml_return = nvmlReturn,
+            value = value,
+        });
+    }
 
     #[test]
     fn memory_structs_match_the_header_layout() {

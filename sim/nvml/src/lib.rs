@@ -1,7 +1,8 @@
 //! A stand-in for NVIDIA's `libnvidia-ml.so.1`, backed by a simulated node.
 //!
 //! Built as a cdylib (`libtessera_sim_nvml.so`), which the node builder
-//! installs as `<root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1`. Programs
+//! installs as `<root>/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.<version>`
+//! (with the link `libnvidia-ml.so.1`). Programs
 //! load it exactly as they load the real library (Tessera's `driver` crate
 //! through `nvml-wrapper`, with `Nvml::builder().lib_path(..)`), and get the
 //! GPUs, MIG mode and MIG instances of the node whose state file lives under
@@ -77,14 +78,36 @@
 //! `nvmlGpuInstanceGetComputeInstanceById`, `nvmlComputeInstanceGetInfo`,
 //! `nvmlComputeInstanceGetInfo_v2`.
 //!
-//! Anything else is absent: `nvml-wrapper` resolves symbols lazily, so a
-//! program only notices when it calls one (`FailedToLoadSymbol`).
+//! Board, PCI, topology and telemetry (`exports::info`, values from the
+//! state's PCI bus and the board table in `hw`): `nvmlDeviceGetPciInfo`,
+//! `_v2`, `_v3`, `nvmlDeviceGetPciInfoExt`, `nvmlDeviceGetHandleByPciBusId[_v2]`,
+//! `nvmlDeviceGetHandleBySerial`, `nvmlDeviceGetAttributes[_v2]` (MIG
+//! devices), `nvmlDeviceGetCudaComputeCapability`, `nvmlDeviceGetArchitecture`,
+//! `nvmlDeviceGetBrand`, serial, part number, VBIOS and InfoROM versions,
+//! topology common ancestor, P2P status, same-board, power (usage, energy,
+//! limits), temperature and thresholds, clocks and event reasons, ECC mode
+//! and counters, remapped rows, PCIe link and counters, persistence /
+//! compute / display / performance modes, BAR1, CPU and memory affinity,
+//! encoder/decoder utilization and sessions, graphics and MPS process lists
+//! (empty), violation status, field values (each field `NOT_SUPPORTED`),
+//! `nvmlSystemGetProcessName`, `nvmlUnitGetCount`.
+//!
+//! Everything else `nvml.h` declares (NVML 13, as go-nvml ships it, and the
+//! `nvml-wrapper-sys` 0.10 bindings) is exported too and answers
+//! `NVML_ERROR_NOT_SUPPORTED` (`exports::unsupported`): clients bind lazily
+//! (go-nvml at first call, where a missing symbol is a crash), so no symbol
+//! may be missing.
+//!
+//! The cdylib carries the SONAME `libnvidia-ml.so.1` (`build.rs`); the node
+//! builder installs it as `libnvidia-ml.so.<driver version>` with the SONAME
+//! link next to it, as a driver install does.
 
 pub mod ffi;
 
 mod events;
 mod exports;
 mod handle;
+mod hw;
 mod lookup;
 mod node;
 mod out;

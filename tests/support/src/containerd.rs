@@ -124,6 +124,22 @@ pub fn busybox_image_archive() -> Result<ImageArchive> {
     )?)
 }
 
+/// A busybox image with more in it ([`tessera_kube_cluster::image::busybox_archive_with`]),
+/// built once per machine under `SCRATCH_BASE/images`, for
+/// [`Containerd::import_image_as`].
+pub fn busybox_image_archive_with(
+    kind: &str,
+    key_parts: &[&[u8]],
+    populate: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<ImageArchive> {
+    Ok(tessera_kube_cluster::image::busybox_archive_with(
+        &Path::new(SCRATCH_BASE).join("images"),
+        kind,
+        key_parts,
+        populate,
+    )?)
+}
+
 /// The cgroup (cgroupfs path) every pod of the daemon in `base` goes below,
 /// as kubelet's `/kubepods/...`; removed with the daemon.
 fn cgroup_parent(base: &Path) -> String {
@@ -237,6 +253,16 @@ impl Containerd {
     /// What the daemon answered to `Version` (runtime name and version).
     pub fn version(&self) -> &cri::VersionResponse {
         &self.version
+    }
+
+    /// Imports an image archive (one of `tessera_kube_cluster::image`'s)
+    /// and tags the image `name`, for [`ContainerSpec::image`].
+    pub fn import_image_as(&self, archive: &ImageArchive, name: &str) -> Result<()> {
+        self.daemon
+            .as_ref()
+            .context("the daemon is down")?
+            .import_image_as(archive, name)
+            .with_context(|| format!("importing {} as {name}", archive.path.display()))
     }
 
     /// The daemon's directories.
@@ -473,6 +499,9 @@ pub struct ContainerSpec {
     /// Fully qualified CDI device names (`vendor/class=name`), sent in the
     /// CRI `CDI_devices` field.
     pub cdi_devices: Vec<String>,
+    /// The image; `None`: [`IMAGE`] (busybox). Another one must have been
+    /// imported with [`Containerd::import_image_as`].
+    pub image: Option<String>,
 }
 
 impl ContainerSpec {
@@ -488,6 +517,13 @@ impl ContainerSpec {
     /// Adds a CDI device.
     pub fn cdi_device(mut self, name: &str) -> Self {
         self.cdi_devices.push(name.to_owned());
+        self
+    }
+
+    /// Runs the container from `image` (imported with
+    /// [`Containerd::import_image_as`]).
+    pub fn image(mut self, image: &str) -> Self {
+        self.image = Some(image.to_owned());
         self
     }
 
@@ -545,7 +581,7 @@ impl Pod<'_> {
                 attempt: 0,
             }),
             image: Some(cri::ImageSpec {
-                image: IMAGE.to_owned(),
+                image: spec.image.clone().unwrap_or_else(|| IMAGE.to_owned()),
                 ..cri::ImageSpec::default()
             }),
             command: spec.command.clone(),

@@ -75,6 +75,28 @@ pub async fn client(kubeconfig: &Path) -> Result<kube::Client> {
     kube::Client::try_from(config).context("kube client")
 }
 
+/// Registers the Node `name` (bare: no labels, no status), as kubelet
+/// would, unless it exists already.
+pub async fn ensure_node(client: &kube::Client, name: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    if nodes.get_opt(name).await?.is_some() {
+        return Ok(());
+    }
+    let node = Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    nodes
+        .create(&kube::api::PostParams::default(), &node)
+        .await
+        .with_context(|| format!("creating Node {name}"))?;
+    Ok(())
+}
+
 /// The cluster a test talks to.
 pub enum Cluster {
     /// A stand-in API server this test started.

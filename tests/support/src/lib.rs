@@ -5,7 +5,8 @@
 //! ([`node::NodeView`]), busybox root filesystems and OCI bundles run by runc
 //! and crun ([`rootfs`], [`oci`]), podman and the host CDI directory
 //! ([`podman`]), and, with the `containerd` feature, a private containerd
-//! driven over CRI ([`containerd`]), and golden-file comparisons with
+//! driven over CRI ([`containerd`]), with the `kubelet` feature a fake
+//! kubelet for device plugins ([`kubelet`]), and golden-file comparisons with
 //! `TESSERA_BLESS` ([`golden`]).
 //!
 //! A dev-dependency only: no crate ships it.
@@ -22,6 +23,8 @@ pub mod rootfs;
 pub mod containerd;
 #[cfg(feature = "kube")]
 pub mod kube;
+#[cfg(feature = "kubelet")]
+pub mod kubelet;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -160,6 +160,31 @@ pub fn cuda_probe_archive(cache_dir: &Path, probe: &Path) -> Result<ImageArchive
     })
 }
 
+/// A busybox image with more in it, as an OCI archive in `cache_dir` named
+/// after `kind`: [`busybox_archive`]'s root filesystem, then `populate` adds
+/// to it. Built unless an archive of the same busybox, `kind` and `key_parts`
+/// already is, so `key_parts` must hold everything `populate` reads (file
+/// contents, the recipe's version).
+pub fn busybox_archive_with(
+    cache_dir: &Path,
+    kind: &str,
+    key_parts: &[&[u8]],
+    populate: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<ImageArchive, ImageError> {
+    let busybox = static_busybox()?;
+    let mut parts: Vec<Vec<u8>> = vec![
+        fs::read(&busybox).map_err(io(&busybox))?,
+        RECIPE.as_bytes().to_vec(),
+        kind.as_bytes().to_vec(),
+    ];
+    parts.extend(key_parts.iter().map(|p| p.to_vec()));
+    let key = fnv(&parts.iter().map(Vec::as_slice).collect::<Vec<_>>());
+    cached(cache_dir, kind, key, |rootfs| {
+        busybox_rootfs(&busybox, rootfs)?;
+        populate(rootfs).map_err(io(rootfs))
+    })
+}
+
 /// The libraries `ldd` resolves for `program` (absolute paths only: not
 /// the vDSO).
 fn ldd(program: &Path) -> Result<Vec<PathBuf>, ImageError> {

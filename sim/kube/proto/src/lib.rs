@@ -1,8 +1,10 @@
-//! The Kubernetes gRPC APIs the simulated cluster speaks, compiled from the
-//! protos in `proto/` (names and field numbers are upstream's; each file says
-//! which fields it keeps). Clients and servers both: the kubelet stand-in
-//! serves Registration and PodResources and calls device plugins and CRI; the
-//! tests serve a device plugin. Every one of those sockets is a unix socket:
+//! The Kubernetes gRPC APIs the simulated cluster speaks, compiled from
+//! `proto/cri-api-v1-subset.proto` and the kubelet APIs in the top-level
+//! `proto/kubelet/` that the device plugin compiles too (names and field
+//! numbers are upstream's; each file says which fields it keeps). Clients
+//! and servers both: the kubelet stand-in serves Registration and
+//! PodResources and calls device plugins and CRI; the tests serve a device
+//! plugin. Every one of those sockets is a unix socket:
 //! [`unix_channel`] (or [`unix_channel_lazy`]) is the one way to reach them.
 
 use std::path::Path;
@@ -17,7 +19,7 @@ pub mod cri {
     tonic::include_proto!("runtime.v1");
 }
 
-/// The kubelet device plugin API (`proto/deviceplugin-v1beta1.proto`).
+/// The kubelet device plugin API (`proto/kubelet/deviceplugin-v1beta1.proto`, top level).
 pub mod deviceplugin {
     /// Package `v1beta1`: services `Registration` and `DevicePlugin`.
     #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -26,7 +28,7 @@ pub mod deviceplugin {
     }
 }
 
-/// The kubelet PodResources API (`proto/podresources-v1.proto`).
+/// The kubelet PodResources API (`proto/kubelet/podresources-v1.proto`, top level).
 pub mod podresources {
     /// Package `v1`: service `PodResourcesLister`.
     #[allow(clippy::all, clippy::pedantic, missing_docs)]

@@ -146,6 +146,27 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     }
 }
 
+/// Waits for the set's next event and writes it through `data` in the
+/// caller's struct version; `INVALID_ARGUMENT` for a null `data`.
+///
+/// # Safety
+/// `data` is null or valid for one write of a `T`.
+unsafe fn wait_into<T>(
+    set: NvmlEventSet,
+    data: *mut T,
+    timeout_ms: c_uint,
+    version: impl FnOnce(NvmlEventData) -> T,
+) -> NvmlReturn {
+    entry(|| {
+        if data.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let event = wait(set, timeout_ms)?;
+        // SAFETY: the caller's contract; `data` is non-null.
+        unsafe { out::write(data, version(event)) }
+    })
+}
+
 /// `nvmlEventSetWait_v2`: the set's next event, waiting up to `timeoutms`;
 /// `TIMEOUT` when none came, `GPU_IS_LOST` once for each registered GPU
 /// that was lost. `gpuInstanceId`/`computeInstanceId` name the MIG instance
@@ -156,14 +177,8 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     data: *mut NvmlEventData,
     timeoutms: c_uint,
 ) -> NvmlReturn {
-    entry(|| {
-        if data.is_null() {
-            return Err(ERROR_INVALID_ARGUMENT);
-        }
-        let event = wait(set, timeoutms)?;
-        // SAFETY: NVML contract: `data` is valid for one write (non-null).
-        unsafe { out::write(data, event) }
-    })
+    // SAFETY: NVML contract: `data` is null or valid for one write.
+    unsafe { wait_into(set, data, timeoutms, |event| event) }
 }
 
 /// `nvmlEventSetWait` (before MIG): as `_v2`, filling the older, shorter
@@ -174,19 +189,14 @@ pub unsafe extern "C" fn nvmlEventSetWait(
     data: *mut NvmlEventDataV1,
     timeoutms: c_uint,
 ) -> NvmlReturn {
-    entry(|| {
-        if data.is_null() {
-            return Err(ERROR_INVALID_ARGUMENT);
-        }
-        let event = wait(set, timeoutms)?;
-        let old = NvmlEventDataV1 {
+    // SAFETY: NVML contract: `data` is null or valid for one write.
+    unsafe {
+        wait_into(set, data, timeoutms, |event| NvmlEventDataV1 {
             device: event.device,
             event_type: event.event_type,
             event_data: event.event_data,
-        };
-        // SAFETY: NVML contract: `data` is valid for one write (non-null).
-        unsafe { out::write(data, old) }
-    })
+        })
+    }
 }
 
 /// `nvmlEventSetFree`: forgets the set; `INVALID_ARGUMENT` for one that does

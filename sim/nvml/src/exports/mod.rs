@@ -24,9 +24,11 @@ use crate::out;
 
 pub mod device;
 pub mod event;
+pub mod info;
 pub mod mig;
 pub mod process;
 pub mod system;
+pub mod unsupported;
 
 /// Runs one call's body: `Ok` is `NVML_SUCCESS`, `Err` its code, a panic
 /// `NVML_ERROR_UNKNOWN`.

@@ -190,3 +190,15 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         unsafe { out::write_all(infos, &list) }
     })
 }
+
+/// `nvmlDeviceGetComputeRunningProcesses_v2`: as `_v3` (the `_v2` struct,
+/// `nvmlProcessInfo_v2_t`, has the same layout).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    device: NvmlDevice,
+    info_count: *mut c_uint,
+    infos: *mut NvmlProcessInfo,
+) -> NvmlReturn {
+    // SAFETY: NVML contract, forwarded.
+    unsafe { nvmlDeviceGetComputeRunningProcesses_v3(device, info_count, infos) }
+}

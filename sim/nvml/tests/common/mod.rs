@@ -34,6 +34,7 @@ pub fn gpu(index: u32, minor: u32, model: &str, mig: bool) -> SimGpu {
         minor,
         uuid: tessera_sim::ids::gpu_uuid("nvml-test", index, model),
         model: model.to_string(),
+        pci_bus: None,
         mig_enabled: mig,
         mig_pending: mig,
         gpu_instances: Vec::new(),

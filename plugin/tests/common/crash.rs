@@ -1,53 +1,44 @@
 //! The harness the reclaim and crash tests share: a simulated node (profile
-//! `dynamic`: an H100 and an A100-40GB in MIG mode without instances), the
-//! stand-in API server, and this process playing kubelet (Registration and
-//! an empty PodResources on a kubelet directory of its own) and the extender
-//! (a pod bound to the node with its reservation, `bind-phase: allocating`
-//! and the node's bind Lease naming it). The plugin is the real
+//! `dynamic`: an H100 and an A100-40GB in MIG mode without instances), a
+//! stand-in API server of its own, and this process playing kubelet
+//! (test-support's [`FakeKubelet`] on a kubelet directory of its own) and
+//! the extender (a pod bound to the node with its reservation by
+//! [`super::bind_pod`]). The plugin is the real
 //! `tessera-device-plugin` binary; NVML is read through the node's stand-in
 //! library loaded in this process (its state is a file under the node root,
 //! shared with the plugin).
 
-#![allow(dead_code)]
-
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::DeleteParams;
 use tessera_driver::GpuDriver;
 use tessera_driver::nvml::NvmlDriver;
-use tessera_model::contract::kubelet::{self, PLUGIN_SOCKET};
-use tessera_model::contract::{annotations, cdi, cluster};
+use tessera_model::contract::cdi;
+use tessera_model::contract::kubelet::PLUGIN_SOCKET;
 use tessera_model::gpu::GpuInstance;
 use tessera_model::mig::Placement;
 use tessera_model::sched::allocation::{
     ALLOCATION_VERSION, Allocation, ContainerAllocation, DeviceAllocation,
 };
 use tessera_plugin::api::deviceplugin::v1beta1 as dp;
-use tessera_plugin::api::podresources::v1 as pr;
 use tessera_plugin::checkpoint::{Checkpoint, Store};
+use tessera_plugin::cluster::PodRef;
+use tessera_plugin::server::unix_channel;
 use tessera_test_support::kube::StandInApiServer;
+use tessera_test_support::kubelet::FakeKubelet;
 use tessera_test_support::node::SimNode;
 use tessera_test_support::{Need, prereq};
-use tonic::transport::{Channel, Endpoint, Server, Uri};
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
-/// The node's name.
-pub const NODE: &str = "crash-node";
-/// The pods' namespace.
-pub const NAMESPACE: &str = "default";
-/// The MIG GPU of profile `dynamic`.
-pub const MIG_GPU: u32 = 1;
+use super::{MIG_GPU, NODE, NS, bind_pod, lease_holder};
+
 /// 1g.5gb on the A100-40GB.
 pub const PROFILE_ID: u32 = 19;
 
@@ -59,53 +50,6 @@ pub fn needs() -> Vec<Need> {
     needs
 }
 
-#[derive(Clone, Default)]
-struct Kubelet {
-    registered: Arc<Mutex<Vec<String>>>,
-}
-
-#[tonic::async_trait]
-impl dp::registration_server::Registration for Kubelet {
-    async fn register(
-        &self,
-        request: Request<dp::RegisterRequest>,
-    ) -> Result<Response<dp::Empty>, Status> {
-        let endpoint = request.into_inner().endpoint;
-        self.registered
-            .lock()
-            .map_err(|_| Status::internal("poisoned"))?
-            .push(endpoint);
-        Ok(Response::new(dp::Empty {}))
-    }
-}
-
-#[derive(Clone, Default)]
-struct NoPods;
-
-#[tonic::async_trait]
-impl pr::pod_resources_lister_server::PodResourcesLister for NoPods {
-    async fn list(
-        &self,
-        _: Request<pr::ListPodResourcesRequest>,
-    ) -> Result<Response<pr::ListPodResourcesResponse>, Status> {
-        Ok(Response::new(pr::ListPodResourcesResponse::default()))
-    }
-
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<pr::AllocatableResourcesRequest>,
-    ) -> Result<Response<pr::AllocatableResourcesResponse>, Status> {
-        Ok(Response::new(pr::AllocatableResourcesResponse::default()))
-    }
-
-    async fn get(
-        &self,
-        _: Request<pr::GetPodResourcesRequest>,
-    ) -> Result<Response<pr::GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("Get"))
-    }
-}
-
 /// One simulated node with its API server and kubelet stand-in.
 pub struct Harness {
     pub node: SimNode,
@@ -114,32 +58,10 @@ pub struct Harness {
     pub driver: NvmlDriver,
     pub kubelet_dir: tempfile::TempDir,
     pub state: tempfile::TempDir,
-    registered: Arc<Mutex<Vec<String>>>,
+    kubelet: FakeKubelet,
     plugin: Option<Child>,
     log: PathBuf,
     mig_uuid: String,
-}
-
-fn serve_unix(socket: &Path) -> Result<tokio_stream::wrappers::UnixListenerStream> {
-    let _ = std::fs::remove_file(socket);
-    let listener = tokio::net::UnixListener::bind(socket)
-        .with_context(|| format!("binding {}", socket.display()))?;
-    Ok(tokio_stream::wrappers::UnixListenerStream::new(listener))
-}
-
-async fn dial(socket: &Path) -> Result<Channel> {
-    let path = socket.to_owned();
-    Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(hyper_util::rt::TokioIo::new)
-            }
-        }))
-        .await
-        .with_context(|| format!("dialing {}", socket.display()))
 }
 
 impl Harness {
@@ -149,45 +71,13 @@ impl Harness {
             .build()
             .map_err(|s| anyhow::anyhow!("{}", s.reason))?;
         let api = StandInApiServer::start(&[])?;
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(api.kubeconfig())?,
-            &kube::config::KubeConfigOptions::default(),
-        )
-        .await?;
-        let client = kube::Client::try_from(config)?;
-        let nodes: Api<Node> = Api::all(client.clone());
-        let object = Node {
-            metadata: ObjectMeta {
-                name: Some(NODE.to_owned()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        nodes.create(&PostParams::default(), &object).await?;
+        let client = tessera_test_support::kube::client(api.kubeconfig()).await?;
+        tessera_test_support::kube::ensure_node(&client, NODE).await?;
 
         let kubelet_dir = tempfile::Builder::new()
             .prefix("crash")
             .tempdir_in("/tmp")?;
-        let plugins = kubelet_dir.path().join(kubelet::DEVICE_PLUGINS_SUBDIR);
-        std::fs::create_dir_all(&plugins)?;
-        let pod_resources = kubelet_dir.path().join(kubelet::POD_RESOURCES_SUBDIR);
-        std::fs::create_dir_all(&pod_resources)?;
-        let kubelet = Kubelet::default();
-        let registered = kubelet.registered.clone();
-        let incoming = serve_unix(&plugins.join(kubelet::REGISTRATION_SOCKET))?;
-        tokio::spawn(async move {
-            let _ = Server::builder()
-                .add_service(dp::registration_server::RegistrationServer::new(kubelet))
-                .serve_with_incoming(incoming)
-                .await;
-        });
-        let incoming = serve_unix(&pod_resources.join(kubelet::POD_RESOURCES_SOCKET))?;
-        tokio::spawn(async move {
-            let _ = Server::builder()
-                .add_service(pr::pod_resources_lister_server::PodResourcesListerServer::new(NoPods))
-                .serve_with_incoming(incoming)
-                .await;
-        });
+        let kubelet = FakeKubelet::start(kubelet_dir.path())?;
 
         let driver = NvmlDriver::load(&tessera_driver::devices::find_nvml_library(node.root())?)?;
         let mig_uuid = driver
@@ -206,7 +96,7 @@ impl Harness {
             driver,
             kubelet_dir,
             state,
-            registered,
+            kubelet,
             plugin: None,
             log,
             mig_uuid,
@@ -237,10 +127,7 @@ impl Harness {
     /// it registered with the kubelet stand-in.
     pub async fn start_plugin(&mut self, crash_at: Option<&str>) -> Result<()> {
         ensure!(self.plugin.is_none(), "the plugin already runs");
-        self.registered
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .clear();
+        self.kubelet.clear_registrations();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -269,12 +156,7 @@ impl Harness {
         self.plugin = Some(command.spawn().context("starting tessera-device-plugin")?);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let done = self
-                .registered
-                .lock()
-                .map(|r| r.iter().any(|e| e == PLUGIN_SOCKET))
-                .unwrap_or(false);
-            if done {
+            if self.kubelet.registered(PLUGIN_SOCKET).is_some() {
                 return Ok(());
             }
             if let Some(status) = self
@@ -330,7 +212,7 @@ impl Harness {
 
     /// A pod bound to the node reserving a 1g.5gb instance at `placement`
     /// on the MIG GPU, `bind-phase: allocating`, the bind Lease naming it.
-    pub async fn reserve(&self, name: &str, placement: Placement) -> Result<Pod> {
+    pub async fn reserve(&self, name: &str, placement: Placement) -> Result<PodRef> {
         let allocation = Allocation {
             version: ALLOCATION_VERSION,
             node: NODE.to_owned(),
@@ -348,88 +230,30 @@ impl Harness {
                 }],
             }],
         };
-        let now = Timestamp::now();
-        let pod = Pod {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                namespace: Some(NAMESPACE.to_owned()),
-                annotations: Some(
-                    [
-                        (
-                            annotations::ALLOCATION.to_owned(),
-                            allocation.to_annotation(),
-                        ),
-                        (annotations::BIND_PHASE.to_owned(), "allocating".to_owned()),
-                        (annotations::BIND_TIME.to_owned(), now.to_string()),
-                    ]
-                    .into(),
-                ),
-                ..Default::default()
-            },
-            spec: Some(PodSpec {
-                node_name: Some(NODE.to_owned()),
-                containers: vec![Container {
-                    name: "main".to_owned(),
-                    image: Some("localhost/tessera-sim/busybox:latest".to_owned()),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
-        let pod = pods.create(&PostParams::default(), &pod).await?;
-        let uid = pod.metadata.uid.clone().context("pod without uid")?;
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), cluster::DEFAULT_NAMESPACE);
-        let lease_name = format!("{}{NODE}", cluster::BIND_LEASE_PREFIX);
-        let spec = LeaseSpec {
-            holder_identity: Some(format!("{NAMESPACE}/{name}/{uid}")),
-            lease_duration_seconds: Some(300),
-            acquire_time: Some(MicroTime(now)),
-            renew_time: Some(MicroTime(now)),
-            ..Default::default()
-        };
-        match leases.get_opt(&lease_name).await? {
-            Some(mut lease) => {
-                lease.spec = Some(spec);
-                leases
-                    .replace(&lease_name, &PostParams::default(), &lease)
-                    .await?;
-            }
-            None => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(lease_name),
-                        ..Default::default()
-                    },
-                    spec: Some(spec),
-                };
-                leases.create(&PostParams::default(), &lease).await?;
-            }
-        }
-        Ok(pod)
+        bind_pod(
+            &self.client,
+            name,
+            &["main"],
+            &allocation.to_annotation(),
+            true,
+        )
+        .await
     }
 
     /// The pod, if it exists.
     pub async fn pod(&self, name: &str) -> Result<Option<Pod>> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NS);
         Ok(pods.get_opt(name).await?)
     }
 
     /// The node's bind Lease holder, if any.
     pub async fn lease_holder(&self) -> Result<Option<String>> {
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), cluster::DEFAULT_NAMESPACE);
-        let lease_name = format!("{}{NODE}", cluster::BIND_LEASE_PREFIX);
-        Ok(leases
-            .get_opt(&lease_name)
-            .await?
-            .and_then(|l| l.spec)
-            .and_then(|s| s.holder_identity))
+        lease_holder(&self.client).await
     }
 
     /// Deletes the pod at once (grace 0).
     pub async fn delete(&self, name: &str) -> Result<()> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NS);
         pods.delete(name, &DeleteParams::default().grace_period(0))
             .await?;
         Ok(())
@@ -438,14 +262,10 @@ impl Harness {
     /// Kubelet's Allocate of one MIG device of the A100 (the first the
     /// plugin lists on it).
     pub async fn allocate(&self) -> Result<std::result::Result<dp::AllocateResponse, Status>> {
-        let channel = dial(
-            &self
-                .kubelet_dir
-                .path()
-                .join(kubelet::DEVICE_PLUGINS_SUBDIR)
-                .join(PLUGIN_SOCKET),
-        )
-        .await?;
+        let socket = self.kubelet.plugin_socket(PLUGIN_SOCKET);
+        let channel = unix_channel(&socket)
+            .await
+            .with_context(|| format!("dialing {}", socket.display()))?;
         let mut client = dp::device_plugin_client::DevicePluginClient::new(channel);
         let mut stream = client.list_and_watch(dp::Empty {}).await?.into_inner();
         let list = stream
@@ -591,23 +411,6 @@ impl Harness {
 impl Drop for Harness {
     fn drop(&mut self) {
         self.kill_plugin();
-    }
-}
-
-/// Waits until `check` holds, up to `within`.
-pub async fn eventually<F>(within: Duration, what: &str, mut check: F) -> Result<()>
-where
-    F: FnMut() -> Result<bool>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if check()? {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("{what}: not within {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

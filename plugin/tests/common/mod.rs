@@ -1,25 +1,33 @@
-//! Shared by the Allocate tests: a simulated node (profile `dynamic`: GPU 0
-//! an H100 shared as vGPU slices, GPU 1 an A100-40GB with MIG on and no
-//! instances) with the NVML stand-in loaded in this process, a stand-in API
-//! server, and pods bound the way the extender binds them (allocation
-//! annotation, `bind-phase: allocating`, `bind-time`, the node's Lease).
+//! What the plugin's integration tests share: the node's names, a
+//! [`PluginConfig`] for a test, the prerequisites of a simulated node with a
+//! stand-in API server, and pods bound the way the extender binds them
+//! (allocation annotation, `bind-phase: allocating`, `bind-time`, the node's
+//! Lease). The Allocate tests' in-process [`World`] (a simulated node of
+//! profile `dynamic`: GPU 0 an H100 shared as vGPU slices, GPU 1 an
+//! A100-40GB with MIG on and no instances, the NVML stand-in loaded in this
+//! process) is here too; [`crash`] runs the real plugin binary instead.
 
 #![allow(dead_code)]
+
+pub mod crash;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
+use tessera_driver::GpuDriver;
 use tessera_driver::devices::find_nvml_library;
 use tessera_driver::nvml::NvmlDriver;
-use tessera_model::contract::annotations;
+use tessera_model::contract::{annotations, cluster};
+use tessera_model::gpu::GpuInstanceProfileInfo;
 use tessera_model::sched::allocation::Allocation;
 use tessera_plugin::allocate::Allocator;
 use tessera_plugin::api::deviceplugin::v1beta1::{AllocateRequest, ContainerAllocateRequest};
@@ -34,7 +42,7 @@ use tessera_test_support::{Need, require};
 /// The node's name.
 pub const NODE: &str = "sim-node-1";
 /// The bind locks' namespace.
-pub const LOCK_NS: &str = "kube-system";
+pub const LOCK_NS: &str = cluster::DEFAULT_NAMESPACE;
 /// The pods' namespace.
 pub const NS: &str = "default";
 /// The share GPU's index.
@@ -52,6 +60,20 @@ pub struct World {
     pub allocator: Allocator,
 }
 
+impl World {
+    /// The MIG GPU's 1-slice GPU-instance profile (1g.5gb on the A100-40GB).
+    pub fn one_slice_profile(&self) -> Result<GpuInstanceProfileInfo> {
+        self.driver
+            .gpu_instance_profiles(MIG_GPU)?
+            .into_iter()
+            .find(|p| p.slice_count == 1)
+            .context("a 1-slice profile")
+    }
+}
+
+/// A test's configuration: node [`NODE`], the driver root `root`, every
+/// directory under `state_dir`, no metrics listener, default device
+/// settings.
 pub fn config(root: &Path, state_dir: &Path, mode: CdiMode) -> PluginConfig {
     PluginConfig {
         node_name: NODE.to_owned(),
@@ -73,9 +95,9 @@ pub fn config(root: &Path, state_dir: &Path, mode: CdiMode) -> PluginConfig {
     }
 }
 
-/// The world, or `None` when a prerequisite is missing (skipped locally,
-/// a failure under CI).
-pub async fn world(mode: CdiMode) -> Result<Option<World>> {
+/// What a test on a simulated node with the shared stand-in API server
+/// needs: root, the stand-ins, and `TESSERA_SIM_ROOT` unset.
+pub fn sim_needs() -> Vec<Need> {
     let unset = std::env::var_os("TESSERA_SIM_ROOT").is_none_or(|v| v.is_empty());
     let mut wanted = needs();
     wanted.push(Need::condition(
@@ -83,14 +105,16 @@ pub async fn world(mode: CdiMode) -> Result<Option<World>> {
         "TESSERA_SIM_ROOT unset (the stand-in would serve that node instead)",
         "unset TESSERA_SIM_ROOT",
     ));
-    if require(&wanted).is_err() {
-        return Ok(None);
-    }
-    let Ok(sim) = SimNode::profile("dynamic").build() else {
-        return Ok(None);
-    };
-    let cluster = Cluster::get()?;
-    let kube = client(cluster.kubeconfig()).await?;
+    wanted
+}
+
+/// A node context on `sim` with the NVML stand-in loaded in this process
+/// (also returned as itself), its state under the node's directory.
+pub fn sim_context(
+    sim: &SimNode,
+    kube: &kube::Client,
+    mode: CdiMode,
+) -> Result<(Arc<NvmlDriver>, Arc<NodeContext>)> {
     let lib = find_nvml_library(sim.root())?;
     let driver = Arc::new(NvmlDriver::load(&lib)?);
     let state_dir = sim.dir().join("state");
@@ -100,6 +124,21 @@ pub async fn world(mode: CdiMode) -> Result<Option<World>> {
         client: kube.clone(),
         checkpoint: Arc::new(Store::open(&state_dir)?),
     });
+    Ok((driver, ctx))
+}
+
+/// The world, or `None` when a prerequisite is missing (skipped locally,
+/// a failure under CI).
+pub async fn world(mode: CdiMode) -> Result<Option<World>> {
+    if require(&sim_needs()).is_err() {
+        return Ok(None);
+    }
+    let Ok(sim) = SimNode::profile("dynamic").build() else {
+        return Ok(None);
+    };
+    let cluster = Cluster::get()?;
+    let kube = client(cluster.kubeconfig()).await?;
+    let (driver, ctx) = sim_context(&sim, &kube, mode)?;
     let allocator = Allocator::new(ctx.clone());
     Ok(Some(World {
         sim,
@@ -146,10 +185,15 @@ pub async fn bind_pod(
     Ok(pod_ref)
 }
 
+/// The node's bind Lease.
+pub fn lease_name() -> String {
+    format!("{}{NODE}", cluster::BIND_LEASE_PREFIX)
+}
+
 /// Points the node's Lease at `pod` (acquireTime now).
 pub async fn take_lease(kube: &kube::Client, pod: &PodRef) -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(kube.clone(), LOCK_NS);
-    let name = format!("tessera-bind.{NODE}");
+    let name = lease_name();
     let now = Timestamp::now().to_string();
     let spec = json!({
         "holderIdentity": pod.holder(),
@@ -185,7 +229,7 @@ pub async fn take_lease(kube: &kube::Client, pod: &PodRef) -> Result<()> {
 pub async fn lease_holder(kube: &kube::Client) -> Result<Option<String>> {
     let leases: Api<Lease> = Api::namespaced(kube.clone(), LOCK_NS);
     Ok(leases
-        .get_opt(&format!("tessera-bind.{NODE}"))
+        .get_opt(&lease_name())
         .await?
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
@@ -253,4 +297,21 @@ pub fn nothing_left(world: &World, id: &str) -> Vec<String> {
         left.push(format!("record {id}"));
     }
     left
+}
+
+/// Waits until `check` holds, up to `within`.
+pub async fn eventually<F>(within: Duration, what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Result<bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check()? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{what}: not within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
