@@ -277,7 +277,10 @@ async fn flip(
     healthy: bool,
 ) -> Result<(Duration, Duration)> {
     let start = Instant::now();
-    let status = Command::new(sim).args(args).status()?;
+    let status = Command::new(sim)
+        .args(args)
+        .stdout(Stdio::null())
+        .status()?;
     let ran = start.elapsed();
     ensure!(status.success(), "tessera-sim {args:?} failed: {status}");
     let deadline = start + Duration::from_secs(10);
@@ -576,7 +579,7 @@ async fn main() -> Result<()> {
         ),
         (
             &nvml_mig,
-            "  of which NVML stand-in: GI+CI create and destroy",
+            "NVML stand-in alone: GI+CI create + destroy (same calls)",
         ),
         (&reclaim_share, "reclaim, share: pod deleted -> spec gone"),
         (
