@@ -204,8 +204,7 @@ pub fn resolve(
             cores_scaling,
             mig_profile_allowlist: file.nvidia.mig_profile_allowlist.clone(),
             operating_mode: on_node.operating_mode,
-            filter_uuids: on_node.filter.uuid,
-            filter_indexes: on_node.filter.index,
+            filter: on_node.filter,
             dev_root: args.dev_root.clone(),
             proc_root: args.proc_root.clone(),
             library_groups: args.library_groups.clone(),
@@ -303,8 +302,8 @@ nodeconfig:
         assert_eq!(c.devices.split_count, 3, "nodeconfig over the file");
         assert_eq!(c.devices.memory_scaling, 2.0, "the file's default");
         assert_eq!(c.devices.cores_scaling, 1.0, "built in");
-        assert_eq!(c.devices.filter_uuids, ["GPU-x"]);
-        assert_eq!(c.devices.filter_indexes, [2]);
+        assert_eq!(c.devices.filter.uuid, ["GPU-x"]);
+        assert_eq!(c.devices.filter.index, [2]);
         assert_eq!(
             c.devices.operating_mode,
             Some(tessera_model::sched::config::OperatingMode::Mig)

@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use tessera_model::facts::LibraryGroups;
-use tessera_model::sched::config::{MigAllowlistEntry, OperatingMode, default_mig_allowlist};
+use tessera_model::sched::config::{
+    FilterDevices, MigAllowlistEntry, OperatingMode, default_mig_allowlist,
+};
 
 /// How Allocate hands a container its devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -83,10 +85,8 @@ pub struct DeviceSettings {
     /// The node's `operatingmode`: only share GPUs, only MIG GPUs, or (`None`)
     /// each GPU by its MIG mode.
     pub operating_mode: Option<OperatingMode>,
-    /// GPUs never offered (uuids or indexes, HAMi's `filterdevices`).
-    pub filter_uuids: Vec<String>,
-    /// GPU indexes never offered.
-    pub filter_indexes: Vec<u32>,
+    /// GPUs never offered (HAMi's `filterdevices`: uuids, indexes).
+    pub filter: FilterDevices,
     /// Root of `dev/` (`--dev-root`); `None`: the driver root.
     pub dev_root: Option<PathBuf>,
     /// Root of `proc/` (`--proc-root`); `None`: the driver root when it holds
@@ -106,8 +106,7 @@ impl Default for DeviceSettings {
             cores_scaling: 1.0,
             mig_profile_allowlist: default_mig_allowlist(),
             operating_mode: None,
-            filter_uuids: Vec::new(),
-            filter_indexes: Vec::new(),
+            filter: FilterDevices::default(),
             dev_root: None,
             proc_root: None,
             library_groups: LibraryGroups::default(),
@@ -137,11 +136,7 @@ impl DeviceSettings {
     /// entry of the uuid list that is a number names an index (as HAMi
     /// reads it).
     pub fn filtered(&self, index: u32, uuid: &str) -> bool {
-        tessera_model::sched::config::FilterDevices {
-            uuid: self.filter_uuids.clone(),
-            index: self.filter_indexes.clone(),
-        }
-        .excludes(index, uuid)
+        self.filter.excludes(index, uuid)
     }
 }
 

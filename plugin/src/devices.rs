@@ -261,7 +261,7 @@ pub fn totals(offers: &[GpuOffer]) -> (u32, u32) {
 mod tests {
     use std::convert::Infallible;
 
-    use tessera_model::sched::config::MigAllowlistEntry;
+    use tessera_model::sched::config::{FilterDevices, MigAllowlistEntry};
 
     use super::*;
     use crate::health::GpuHealth;
@@ -378,7 +378,10 @@ mod tests {
     fn filterdevices_and_operating_mode_exclude_gpus() {
         let gpus = [share_gpu(0), a100(1), share_gpu(2)];
         let settings = DeviceSettings {
-            filter_indexes: vec![2],
+            filter: FilterDevices {
+                index: vec![2],
+                ..FilterDevices::default()
+            },
             ..DeviceSettings::default()
         };
         let uuids: Vec<String> = plan_of(&gpus, &settings)
@@ -388,7 +391,10 @@ mod tests {
         assert_eq!(uuids, ["GPU-share-0", "GPU-a100-1"]);
 
         let settings = DeviceSettings {
-            filter_uuids: vec!["GPU-share-0".into()],
+            filter: FilterDevices {
+                uuid: vec!["GPU-share-0".into()],
+                ..FilterDevices::default()
+            },
             operating_mode: Some(OperatingMode::Share),
             ..DeviceSettings::default()
         };
@@ -413,7 +419,10 @@ mod tests {
     fn profiles_are_asked_only_of_offered_mig_gpus() {
         let mut asked = Vec::new();
         let settings = DeviceSettings {
-            filter_indexes: vec![2],
+            filter: FilterDevices {
+                index: vec![2],
+                ..FilterDevices::default()
+            },
             ..DeviceSettings::default()
         };
         plan::<Infallible>(&[share_gpu(0), a100(1), a100(2)], &settings, |i| {

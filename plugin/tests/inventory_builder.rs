@@ -8,6 +8,7 @@ use tessera_driver::fake::{FakeDriver, FakeGpu};
 use tessera_driver::{DriverError, GpuDriver};
 use tessera_model::mig::Placement;
 use tessera_model::mig::catalogue;
+use tessera_model::sched::config::FilterDevices;
 use tessera_model::sched::inventory::NodeGpus;
 use tessera_plugin::checkpoint::{AllocRecord, Checkpoint, InstanceRecord, Phase, VERSION};
 use tessera_plugin::config::DeviceSettings;
@@ -71,8 +72,10 @@ fn checkpoint(instances: Vec<InstanceRecord>) -> Checkpoint {
 
 fn settings(filter_uuids: Vec<String>, filter_indexes: Vec<u32>) -> DeviceSettings {
     DeviceSettings {
-        filter_uuids,
-        filter_indexes,
+        filter: FilterDevices {
+            uuid: filter_uuids,
+            index: filter_indexes,
+        },
         ..DeviceSettings::default()
     }
 }
