@@ -155,3 +155,38 @@ tessera_install_kubectl() {
     tessera_add_trixie_source
     tessera_unpack_trixie_deb kubectl "$TESSERA_KUBECTL_DIR" usr/bin/kubectl version --client
 }
+
+# What scripts/package.sh and scripts/test-packages.sh need: lintian, rpm (for
+# `rpm -qlp`), help2man (man pages from --help), systemd (systemd-analyze
+# verify; installs and works in a container without systemd running),
+# dpkg-dev (dpkg-shlibdeps, for cargo-deb's dependency list), and the pinned
+# cargo-deb and cargo-generate-rpm, installed only when missing or at another
+# version. Idempotent: a machine that has everything runs no apt or cargo.
+# `--deb-only` (the demo) skips cargo-generate-rpm: it takes minutes to build.
+TESSERA_PACKAGING_APT_PACKAGES=(lintian rpm help2man systemd dpkg-dev jq binutils)
+TESSERA_CARGO_DEB_VERSION=3.8.0
+TESSERA_CARGO_GENERATE_RPM_VERSION=0.21.1
+
+tessera_install_packaging_tools() {
+    if [ "$(id -u)" != 0 ]; then
+        echo "tessera: run as root (installs Debian packages)" >&2
+        exit 1
+    fi
+    local tool missing=
+    for tool in lintian rpm help2man systemd-analyze dpkg-shlibdeps jq readelf; do
+        command -v "$tool" >/dev/null 2>&1 || missing=1
+    done
+    if [ -n "$missing" ]; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q
+        apt-get install -y -q --no-install-recommends "${TESSERA_PACKAGING_APT_PACKAGES[@]}"
+    fi
+    tessera_install_rust >/dev/null
+    if [ "$(cargo deb --version 2>/dev/null)" != "cargo-deb $TESSERA_CARGO_DEB_VERSION" ]; then
+        cargo install --locked "cargo-deb@$TESSERA_CARGO_DEB_VERSION"
+    fi
+    if [ "${1:-}" != --deb-only ] &&
+        [ "$(cargo generate-rpm --version 2>/dev/null)" != "cargo-generate-rpm $TESSERA_CARGO_GENERATE_RPM_VERSION" ]; then
+        cargo install --locked "cargo-generate-rpm@$TESSERA_CARGO_GENERATE_RPM_VERSION"
+    fi
+}

@@ -16,6 +16,7 @@ tessera_install_packages
 tessera_install_containerd
 tessera_install_kubectl
 tessera_install_rust
+tessera_install_packaging_tools
 tessera_fix_hybrid_cgroups
 
 # A one-off build gains nothing from incremental state, and it took 4.5 GB.
@@ -47,6 +48,10 @@ if [[ -s "$TESSERA_SKIP_LOG" ]]; then
   exit 1
 fi
 echo "== no test skipped"
+# The .deb and .rpm packages: built from this build (dev profile), lintian,
+# rpm against deb, dpkg -i, the installed binaries and units, the demo on
+# them, dpkg --purge, and nothing left behind.
+bash scripts/test-packages.sh --profile dev
 echo "== benchmark smoke run"
 TESSERA_BENCH_QUICK=1 bash scripts/bench-cdi.sh
 TESSERA_BENCH_QUICK=1 bash scripts/bench-hook.sh

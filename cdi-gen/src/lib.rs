@@ -5,9 +5,11 @@
 //! container edits, [`static_spec`] assembles the spec with the minimum
 //! `cdiVersion` its content needs, and [`writer`] serializes it atomically.
 //! The binary's verbs live in [`commands`]; the device plugin reuses this
-//! library for its transient specs.
+//! library for its transient specs. [`runtime`] enables CDI in a container
+//! runtime's configuration (`tessera-cdi runtime configure`).
 
 pub mod commands;
+pub mod runtime;
 pub mod writer;
 
 use std::path::{Path, PathBuf};

@@ -1,8 +1,10 @@
-//! `tessera-cdi`: generate, list and validate CDI specs for a node's GPUs.
+//! `tessera-cdi`: generate, list and validate CDI specs for a node's GPUs;
+//! enable CDI in a container runtime's configuration.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tessera_cdi::commands::runtime::{self, Outcome, RuntimeCommand};
 use tessera_cdi::commands::{generate, list, profiles, validate};
 
 #[derive(Parser)]
@@ -35,6 +37,8 @@ enum Command {
     Validate(validate::ValidateArgs),
     /// Show the MIG profiles and legal placements NVML reports (read-only).
     Profiles(profiles::ProfilesArgs),
+    /// Configure a container runtime for CDI (`runtime configure --runtime containerd`).
+    Runtime(runtime::RuntimeArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         }),
         Command::List(args) => list::run(args).map(|table| print!("{table}")),
         Command::Profiles(args) => profiles::run(args).map(|report| print!("{report}")),
+        Command::Runtime(args) => return runtime_command(args),
         Command::Validate(args) => {
             let mut failed = false;
             for (file, outcome) in validate::run(args) {
@@ -83,6 +88,41 @@ fn main() -> ExitCode {
             report(&err);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs a `runtime` verb and reports its outcome: the diff on stdout for a
+/// dry run, one line on stdout otherwise, one line on stderr for an error.
+fn runtime_command(args: &runtime::RuntimeArgs) -> ExitCode {
+    match &args.command {
+        RuntimeCommand::Configure(args) => match runtime::configure(args) {
+            Ok(done) => {
+                let name = done.runtime.name();
+                let file = done.file.display();
+                match done.outcome {
+                    Outcome::AlreadyConfigured => {
+                        println!(
+                            "{name} {}: already configured ({file}); nothing written",
+                            done.version
+                        );
+                    }
+                    Outcome::Written => {
+                        println!("{name} {}: CDI enabled in {file}", done.version);
+                        let service = done.runtime.service();
+                        println!("restart {service} to apply (systemctl restart {service})");
+                    }
+                    Outcome::WouldWrite(diff) => {
+                        print!("{diff}");
+                        eprintln!("tessera-cdi: dry run: {file} not written");
+                    }
+                }
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("tessera-cdi: {err}");
+                ExitCode::from(err.exit_code())
+            }
+        },
     }
 }
 

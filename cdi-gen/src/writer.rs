@@ -42,6 +42,18 @@ pub fn render(spec: &Spec, format: Format) -> Result<String, CdiGenError> {
 /// the same directory, flushed to disk, then renamed over `path`. On any error
 /// the temporary file is removed and `path` is left as it was.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), CdiGenError> {
+    write_atomic_as(path, contents, 0o644, None)
+}
+
+/// [`write_atomic`] with the file's permission bits `mode` and, when given,
+/// its owner `(uid, gid)`: what replacing someone else's config file needs,
+/// so the new file has the old one's mode and owner.
+pub fn write_atomic_as(
+    path: &Path,
+    contents: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), CdiGenError> {
     let io = |path: &Path| {
         let path = path.to_owned();
         move |source| CdiGenError::Io { path, source }
@@ -65,14 +77,18 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), CdiGenError> {
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o644)
+        .mode(mode & 0o7777)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)
         .map_err(io(&tmp))?;
     // From here on the temporary file is ours to remove if anything fails.
     let result = (|| {
-        // The umask may have narrowed the mode given at creation.
-        file.set_permissions(fs::Permissions::from_mode(0o644))
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(io(&tmp))?;
+        }
+        // The umask may have narrowed the mode given at creation (and chown
+        // clears set-id bits): set it last.
+        file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))
             .map_err(io(&tmp))?;
         file.write_all(contents).map_err(io(&tmp))?;
         file.sync_all().map_err(io(&tmp))?;

@@ -123,7 +123,10 @@ pub struct AllocPaths {
     pub limits_file: PathBuf,
     /// `<alloc_dir>/accounting/`.
     pub accounting_dir: PathBuf,
-    /// `<state_dir>/ld.so.preload`.
+    /// The host file bound read-only over the container's `/etc/ld.so.preload`:
+    /// the packaged one beside the vGPU library when it names the container's
+    /// library (`/usr/lib/tessera/ld.so.preload` of `tessera-node`), else
+    /// `<state_dir>/ld.so.preload`, which the plugin writes.
     pub preload_file: PathBuf,
     /// The vGPU library on the host.
     pub vgpu_library: PathBuf,
@@ -142,7 +145,8 @@ impl AllocPaths {
             limits_file: alloc_dir.join(LIMITS_FILE),
             accounting_dir: alloc_dir.join(contract::node::ACCOUNTING_SUBDIR),
             alloc_dir,
-            preload_file: config.state_dir.join(PRELOAD_FILE),
+            preload_file: packaged_preload(&config.vgpu_library)
+                .unwrap_or_else(|| config.state_dir.join(PRELOAD_FILE)),
             vgpu_library: config.vgpu_library.clone(),
             spec_file: config.cdi_dir.join(id.spec_file_name()),
         }
@@ -367,6 +371,16 @@ pub fn build_spec(input: &SpecInput<'_>) -> Result<Spec, TransientError> {
 /// The host preload list's contents: the container's library path.
 pub fn preload_contents() -> String {
     format!("{}\n", vgpu_contract::CONTAINER_LIBRARY)
+}
+
+/// The package's preload list beside `vgpu_library`, if it is there and
+/// names exactly the container's library. A file with other contents is not
+/// ours to trust (or rewrite: it belongs to the package), so the plugin then
+/// writes its own under the state directory.
+pub fn packaged_preload(vgpu_library: &Path) -> Option<PathBuf> {
+    let candidate = vgpu_library.with_file_name(PRELOAD_FILE);
+    let text = std::fs::read_to_string(&candidate).ok()?;
+    (text == preload_contents()).then_some(candidate)
 }
 
 /// The same edits in the native form of kubelet's answer (for runtimes
@@ -761,6 +775,24 @@ mod tests {
                 .iter()
                 .any(|(c, h, p)| c == "/dev/nvidia4" && h == "/sim/dev/nvidia4" && p == "rw")
         );
+    }
+
+    #[test]
+    fn the_packaged_preload_list_is_used_only_when_it_names_the_container_library() {
+        // The file tessera-node ships is this constant's text, byte for byte.
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/node/ld.so.preload");
+        assert_eq!(
+            std::fs::read_to_string(&shipped).expect("packaging/node/ld.so.preload"),
+            preload_contents()
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let library = dir.path().join("libtessera_vgpu.so");
+        assert_eq!(packaged_preload(&library), None, "no file beside it");
+        let beside = dir.path().join(PRELOAD_FILE);
+        std::fs::write(&beside, "/usr/lib/evil.so\n").expect("write");
+        assert_eq!(packaged_preload(&library), None, "other contents");
+        std::fs::copy(&shipped, &beside).expect("copy");
+        assert_eq!(packaged_preload(&library), Some(beside));
     }
 
     #[test]

@@ -60,6 +60,10 @@ static SHIPPED: &[(&str, &str)] = &[
     ),
     ("a30", include_str!("../profiles/a30.toml")),
     ("a100-40gb", include_str!("../profiles/a100-40gb.toml")),
+    (
+        "a100-40gb-dynamic",
+        include_str!("../profiles/a100-40gb-dynamic.toml"),
+    ),
     ("a100-80gb", include_str!("../profiles/a100-80gb.toml")),
     ("h100-80gb", include_str!("../profiles/h100-80gb.toml")),
     ("h100-94gb", include_str!("../profiles/h100-94gb.toml")),

@@ -29,18 +29,19 @@ use tessera_model::mig::placement::Placement;
 use tessera_model::sched::allocation::{Allocation, DeviceAllocation};
 use tessera_model::sched::inventory::{NODE_GPUS_VERSION, NodeGpu, NodeGpus};
 
-/// The shipped kube-scheduler configuration (`packaging/kubernetes/`).
+/// The shipped kube-scheduler configuration (`packaging/kubernetes/config/`).
 pub fn shipped_scheduler_config_path() -> PathBuf {
-    tessera_test_support::workspace_root().join("packaging/kubernetes/scheduler-config.yaml")
+    tessera_test_support::workspace_root().join("packaging/kubernetes/config/scheduler-config.yaml")
 }
 
-/// The shipped cluster configuration (`packaging/kubernetes/`).
+/// The shipped cluster configuration (`packaging/kubernetes/config/`; the
+/// ConfigMap in `packaging/kubernetes/cluster-config.yaml` carries it).
 pub fn shipped_cluster_config_path() -> PathBuf {
-    tessera_test_support::workspace_root().join("packaging/kubernetes/cluster-config.yaml")
+    tessera_test_support::workspace_root().join("packaging/kubernetes/config/cluster.yaml")
 }
 
 /// The shipped scheduler configuration with only what a test must change:
-/// the port of its one extender's `urlPrefix` (to `port`),
+/// the host and port of its one extender's `urlPrefix` (to `127.0.0.1:port`),
 /// `clientConnection.kubeconfig` (to `kubeconfig`: kube-scheduler takes its
 /// API connection from the file once `--config` is given, so the stand-in is
 /// run the same way), and, when `scheduler_name` is given, the profiles (one,
@@ -77,13 +78,17 @@ pub fn shipped_scheduler_config(
         .strip_prefix("http://")
         .with_context(|| format!("{}: urlPrefix {url:?} is not http://", path.display()))?;
     let (authority, tail) = rest.split_once('/').map_or((rest, ""), |(a, t)| (a, t));
-    let (host, _port) = authority
-        .rsplit_once(':')
-        .with_context(|| format!("{}: urlPrefix {url:?} names no port", path.display()))?;
+    ensure!(
+        authority.rsplit_once(':').is_some(),
+        "{}: urlPrefix {url:?} names no port",
+        path.display()
+    );
+    // The shipped host is the Service's ClusterIP; the stand-ins' extender
+    // listens on the loopback.
     let new_url = if tail.is_empty() {
-        format!("http://{host}:{port}")
+        format!("http://127.0.0.1:{port}")
     } else {
-        format!("http://{host}:{port}/{tail}")
+        format!("http://127.0.0.1:{port}/{tail}")
     };
     extenders[0]["urlPrefix"] = serde_yaml::Value::String(new_url);
     let client_connection = config

@@ -1770,7 +1770,7 @@ async fn malformed_oversized_and_unknown_requests_get_statuses() -> Result<()> {
         (request("POST", &format!("{pods}/nope/binding"), json_ct, "{"), 400, "BadRequest"),
         (request("POST", &format!("{pods}/nope/binding"), json_ct, r#"{"metadata": {"name": "nope"}, "target": {"name": "n1"}}"#), 404, "NotFound"),
         (request("GET", "/api/v1/widgets", json_ct, ""), 404, "NotFound"),
-        (request("GET", "/apis/apps/v1/namespaces/default/deployments", json_ct, ""), 404, "NotFound"),
+        (request("GET", "/apis/batch/v1/namespaces/default/jobs", json_ct, ""), 404, "NotFound"),
         (request("GET", "/api/v1/namespaces/default/pods/p/exec", json_ct, ""), 404, "NotFound"),
         (request("PUT", pods, json_ct, "{}"), 405, "MethodNotAllowed"),
         (request("POST", "/api/v1/watch/namespaces/default/configmaps", json_ct, r#"{"metadata": {"name": "w"}}"#), 405, "MethodNotAllowed"),

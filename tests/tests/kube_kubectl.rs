@@ -854,6 +854,15 @@ fn discovery_lists_what_is_served_and_unknown_resources_are_refused() -> Result<
         ("configmaps", "cm", "v1", "true", "ConfigMap"),
         ("events", "ev", "v1", "true", "Event"),
         ("leases", "", "coordination.k8s.io/v1", "true", "Lease"),
+        ("daemonsets", "ds", "apps/v1", "true", "DaemonSet"),
+        ("deployments", "deploy", "apps/v1", "true", "Deployment"),
+        (
+            "clusterroles",
+            "",
+            "rbac.authorization.k8s.io/v1",
+            "false",
+            "ClusterRole",
+        ),
     ] {
         let row = table.row(name)?;
         assert_eq!(
@@ -889,7 +898,7 @@ fn discovery_lists_what_is_served_and_unknown_resources_are_refused() -> Result<
         Some(format!("v{}", server["major"].as_str().unwrap_or("?")).as_str())
     );
 
-    for resource in ["widgets", "deployments"] {
+    for resource in ["widgets", "jobs"] {
         let out = kubectl_output(kc, &["get", resource])?;
         assert!(!out.status.success(), "kubectl get {resource} succeeded");
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -147,34 +147,86 @@ fn assert_the_whole_slice_is_free(node: &Node, limits: &Path) {
     );
 }
 
-/// Whether `pid` is stopped (or gone).
+/// Whether a `/proc/…/stat` line shows a stopped (or dead) task.
+fn stat_stopped(stat: &str) -> bool {
+    stat.rsplit_once(')').is_none_or(|(_, rest)| {
+        matches!(
+            rest.trim_start().chars().next(),
+            Some('T' | 't' | 'Z' | 'X')
+        )
+    })
+}
+
+/// Whether every thread of `pid` is stopped (or the process is gone).
+/// `/proc/<pid>/stat` shows only the thread-group leader, which stops
+/// first: the others stop as they next run, and under load one of them
+/// was still running (state R) in about half the snapshots.
 fn stopped(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit_once(')').is_none_or(|(_, rest)| {
-            matches!(
-                rest.trim_start().chars().next(),
-                Some('T' | 't' | 'Z' | 'X')
-            )
-        }),
-        Err(_) => true,
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).map_or(true, |stat| stat_stopped(&stat))
+    })
+}
+
+/// What each of `pids` last published and had charged in the region, and
+/// the region's total for the container (every device summed: these tests
+/// use GPU 0 only). A failure then tells a measuring fault (each process
+/// within its charge, the total within the slice) from an over-grant.
+fn breakdown(node: &Node, pids: &[u32]) -> String {
+    use tessera_vgpu::accounting::{MAX_DEVICES, MAX_PROCESSES, layout};
+    let region = std::fs::read(
+        node.accounting
+            .join(tessera_model::contract::vgpu::ACCOUNTING_FILE),
+    )
+    .unwrap_or_default();
+    let word = |at: usize| {
+        region
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_le_bytes)
+    };
+    let devices = |base: usize, stride: usize| -> u64 {
+        (0..MAX_DEVICES).map(|d| word(base + d * stride)).sum()
+    };
+    let charged = |pid: u32| -> u64 {
+        (0..MAX_PROCESSES)
+            .map(|i| layout::SLOTS + i * layout::SLOT_SIZE)
+            .filter(|&at| word(at + layout::SLOT_PID) as u32 == pid)
+            .map(|at| devices(at + layout::SLOT_USED, 8))
+            .sum()
+    };
+    let mut text = String::new();
+    for &pid in pids {
+        let (published, _) = held_by(&node.root, 0, Some(&[pid]));
+        text.push_str(&format!(
+            "pid {pid}: published {published} B, charged {} B; ",
+            charged(pid)
+        ));
     }
+    let total = devices(layout::DEVICES + layout::DEVICE_USED, layout::DEVICE_SIZE);
+    text.push_str(&format!("region total {total} B"));
+    text
 }
 
 /// Watches what the simulated GPU holds for the container while `body`
 /// runs: again and again, stops every watched process (SIGSTOP, waiting
-/// until each is stopped), reads what each last published, and lets them
-/// go on. With the processes stopped the total is a true snapshot: a
+/// until every thread of each is stopped), reads what each last published,
+/// and lets them go on. With the processes stopped the total is a true snapshot: a
 /// process caught inside a free may still show the freed memory, but no
 /// other process can have been granted it yet (the library gives a charge
 /// back only after the driver's free returned, and the driver published
 /// before returning). A process being killed is taken off the list first.
-/// Returns `body`'s result, the largest total seen and
-/// the number of snapshots.
-fn watching<R>(root: &Path, pids: &Watched, body: impl FnOnce() -> R) -> (R, u64, u64) {
+/// Returns `body`'s result, the largest total seen, the number of
+/// snapshots, and for the largest total over the slice (if any) what each
+/// process showed and what the region counted, for the failure message.
+fn watching<R>(node: &Node, pids: &Watched, body: impl FnOnce() -> R) -> (R, u64, u64, String) {
+    let root = node.root.as_path();
     let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         let watcher = s.spawn(|| {
-            let (mut max, mut snapshots) = (0u64, 0u64);
+            let (mut max, mut snapshots, mut worst) = (0u64, 0u64, String::new());
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 let list = pids.lock().expect("pids").clone();
                 for &pid in &list {
@@ -191,6 +243,9 @@ fn watching<R>(root: &Path, pids: &Watched, body: impl FnOnce() -> R) -> (R, u64
                 // real driver's are when it frees the memory) before /proc
                 // shows it dead.
                 let (held, _) = held_by(root, 0, Some(&list));
+                if all_stopped && held > max && held > SLICE_MIB * MIB {
+                    worst = breakdown(node, &list);
+                }
                 for &pid in &list {
                     // SAFETY: as above.
                     unsafe { libc::kill(pid as i32, libc::SIGCONT) };
@@ -201,12 +256,12 @@ fn watching<R>(root: &Path, pids: &Watched, body: impl FnOnce() -> R) -> (R, u64
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
-            (max, snapshots)
+            (max, snapshots, worst)
         });
         let r = body();
         done.store(true, std::sync::atomic::Ordering::Relaxed);
-        let (max, snapshots) = watcher.join().expect("watcher");
-        (r, max, snapshots)
+        let (max, snapshots, worst) = watcher.join().expect("watcher");
+        (r, max, snapshots, worst)
     })
 }
 
@@ -216,7 +271,7 @@ fn four_processes_running_into_the_limit_hold_no_more_than_it_together() {
         return;
     };
     let pids = Watched::default();
-    let (held, max_seen, readings) = watching(&node.root, &pids, || {
+    let (held, max_seen, readings, worst) = watching(&node, &pids, || {
         let mut procs: Vec<Stresser> = (1..=4)
             .map(|seed| Stresser::start(&node, &limits, seed, 2, 300, true))
             .collect();
@@ -263,7 +318,7 @@ fn four_processes_running_into_the_limit_hold_no_more_than_it_together() {
     assert!(readings > 10, "the watcher read the GPU {readings} times");
     assert!(
         max_seen <= SLICE_MIB * MIB,
-        "at some point the GPU held {max_seen} bytes for the container"
+        "at some point the GPU held {max_seen} bytes for the container: {worst}"
     );
     // And what they left is the whole slice again.
     assert_the_whole_slice_is_free(&node, &limits);
@@ -807,7 +862,7 @@ fn random_processes_threads_and_kills_never_exceed_the_slice() {
         rng
     };
     let pids = Watched::default();
-    let ((started, killed), max_seen, readings) = watching(&node.root, &pids, || {
+    let ((started, killed), max_seen, readings, worst) = watching(&node, &pids, || {
         let deadline = Instant::now() + Duration::from_secs(secs);
         let mut seed = 100;
         let mut procs: Vec<Stresser> = Vec::new();
@@ -840,7 +895,7 @@ fn random_processes_threads_and_kills_never_exceed_the_slice() {
     assert!(killed >= 3 && readings > 10, "the stress ran");
     assert!(
         max_seen <= SLICE_MIB * MIB,
-        "the GPU held {max_seen} bytes for the container"
+        "the GPU held {max_seen} bytes for the container: {worst}"
     );
     // Everything was killed: a fresh process finds the whole slice free.
     assert_the_whole_slice_is_free(&node, &limits);

@@ -3,6 +3,7 @@
 pub mod generate;
 pub mod list;
 pub mod profiles;
+pub mod runtime;
 pub mod validate;
 
 use std::path::PathBuf;

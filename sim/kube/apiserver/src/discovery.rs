@@ -280,6 +280,8 @@ mod tests {
             "pods/binding",
             "events",
             "configmaps",
+            "serviceaccounts",
+            "services",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -359,8 +361,8 @@ mod tests {
     fn other_paths_are_not_discovery() {
         for path in [
             "/api/v2",
-            "/apis/apps/v1",
-            "/apis/apps",
+            "/apis/batch/v1",
+            "/apis/batch",
             "/apis/coordination.k8s.io/v9",
             "/api/v1/pods",
             "/healthz",

@@ -1,5 +1,8 @@
 //! Stand-in kube-apiserver: core/v1 and coordination/v1 REST with watch,
-//! resourceVersions, selectors, patches and discovery.
+//! resourceVersions, selectors, patches and discovery; the kinds Tessera's
+//! manifests hold (apps/v1, rbac/v1, policy/v1, monitoring.coreos.com/v1
+//! ServiceMonitor as if its CRD were installed) as plain stored objects, with
+//! no controller acting on them ([`resources`]).
 //!
 //! Layers: [`store`] (objects, resourceVersions, the change log; pure),
 //! [`selectors`], [`patch`], [`admission`] (defaults and validation),

@@ -281,6 +281,12 @@ fn schema_name(short: &str) -> String {
             format!("io.k8s.apimachinery.pkg.apis.meta.v1.{short}")
         }
         "Lease" | "LeaseSpec" => format!("io.k8s.api.coordination.v1.{short}"),
+        "DaemonSet" | "Deployment" => format!("io.k8s.api.apps.v1.{short}"),
+        "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding" => {
+            format!("io.k8s.api.rbac.v1.{short}")
+        }
+        "PodDisruptionBudget" => format!("io.k8s.api.policy.v1.{short}"),
+        "ServiceMonitor" => format!("com.coreos.monitoring.v1.{short}"),
         _ => format!("io.k8s.api.core.v1.{short}"),
     }
 }
@@ -891,6 +897,129 @@ const SCHEMAS: &[Schema] = &[
         ],
     },
     Schema {
+        name: "ServiceAccount",
+        description: "An identity for the processes of pods.",
+        kind_of: Some(("", "v1")),
+        fields: &[
+            API_VERSION,
+            KIND,
+            METADATA,
+            (
+                "automountServiceAccountToken",
+                "boolean",
+                "Whether pods get its token mounted.",
+            ),
+            ("secrets", "[]object", "Secrets of the account."),
+            ("imagePullSecrets", "[]object", "Pull secrets of its pods."),
+        ],
+    },
+    Schema {
+        name: "Service",
+        description: "A stable address for a set of pods.",
+        kind_of: Some(("", "v1")),
+        fields: &[
+            API_VERSION,
+            KIND,
+            METADATA,
+            ("spec", "object", "What is wanted."),
+            ("status", "object", "What was observed."),
+        ],
+    },
+    Schema {
+        name: "DaemonSet",
+        description: "One pod on each matching node (no controller runs here).",
+        kind_of: Some(("apps", "v1")),
+        fields: &[
+            API_VERSION,
+            KIND,
+            METADATA,
+            ("spec", "object", "What is wanted."),
+            ("status", "object", "What was observed."),
+        ],
+    },
+    Schema {
+        name: "Deployment",
+        description: "Replicated pods (no controller runs here).",
+        kind_of: Some(("apps", "v1")),
+        fields: &[
+            API_VERSION,
+            KIND,
+            METADATA,
+            ("spec", "object", "What is wanted."),
+            ("status", "object", "What was observed."),
+        ],
+    },
+    Schema {
+        name: "ClusterRole",
+        description: "Rights across the cluster (not enforced here).",
+        kind_of: Some(("rbac.authorization.k8s.io", "v1")),
+        fields: &[
+            API_VERSION,
+            KIND,
+            METADATA,
+            ("rules", "[]object", "The rights."),
+            ("aggregationRule", "object", "Roles whose rules it gathers."),
+        ],
+    },
+    Schema {
+        name: "ClusterRoleBinding",
+        description: "Grants a cluster role to subjects.",
+        kind_of: Some(("rbac.authorization.k8s.io", "v1")),
+        fields: &[
+            API_VERSION,
+            KIND,
+            METADATA,
+            ("roleRef", "object", "The role granted."),
+            ("subjects", "[]object", "Who gets it."),
+        ],
+    },
+    Schema {
+        name: "Role",
+        description: "Rights in one namespace (not enforced here).",
+        kind_of: Some(("rbac.authorization.k8s.io", "v1")),
+        fields: &[
+            API_VERSION,
+            KIND,
+            METADATA,
+            ("rules", "[]object", "The rights."),
+        ],
+    },
+    Schema {
+        name: "RoleBinding",
+        description: "Grants a role to subjects in one namespace.",
+        kind_of: Some(("rbac.authorization.k8s.io", "v1")),
+        fields: &[
+            API_VERSION,
+            KIND,
+            METADATA,
+            ("roleRef", "object", "The role granted."),
+            ("subjects", "[]object", "Who gets it."),
+        ],
+    },
+    Schema {
+        name: "PodDisruptionBudget",
+        description: "How many pods of a set may be evicted at once.",
+        kind_of: Some(("policy", "v1")),
+        fields: &[
+            API_VERSION,
+            KIND,
+            METADATA,
+            ("spec", "object", "What is wanted."),
+            ("status", "object", "What was observed."),
+        ],
+    },
+    Schema {
+        name: "ServiceMonitor",
+        description: "The Prometheus Operator's scrape target (served as if its CRD were installed).",
+        kind_of: Some(("monitoring.coreos.com", "v1")),
+        fields: &[
+            API_VERSION,
+            KIND,
+            METADATA,
+            ("spec", "object", "What is wanted."),
+        ],
+    },
+    Schema {
         name: "Lease",
         description: "A lock held by one holder for a time.",
         kind_of: Some(("coordination.k8s.io", "v1")),
@@ -1044,7 +1173,17 @@ mod tests {
         let paths = index["paths"].as_object().unwrap();
         let mut keys: Vec<&str> = paths.keys().map(String::as_str).collect();
         keys.sort();
-        assert_eq!(keys, vec!["api/v1", "apis/coordination.k8s.io/v1"]);
+        assert_eq!(
+            keys,
+            vec![
+                "api/v1",
+                "apis/apps/v1",
+                "apis/coordination.k8s.io/v1",
+                "apis/monitoring.coreos.com/v1",
+                "apis/policy/v1",
+                "apis/rbac.authorization.k8s.io/v1"
+            ]
+        );
         for (key, entry) in paths {
             let url = entry["serverRelativeURL"].as_str().unwrap();
             let (path, hash) = url.split_once("?hash=").unwrap();
@@ -1061,7 +1200,7 @@ mod tests {
             let doc = if r.group.is_empty() {
                 get("/openapi/v3/api/v1")
             } else {
-                get("/openapi/v3/apis/coordination.k8s.io/v1")
+                get(&format!("/openapi/v3/apis/{}/{}", r.group, r.version))
             };
             let found = doc["paths"].as_object().unwrap().values().any(|item| {
                 let Some(patch) = item.get("patch") else {
@@ -1144,6 +1283,6 @@ mod tests {
             .is_none()
         );
         assert!(document("/openapi/v3/api/v1", "application/json, */*").is_some());
-        assert!(document("/openapi/v3/apis/apps/v1", "application/json").is_none());
+        assert!(document("/openapi/v3/apis/batch/v1", "application/json").is_none());
     }
 }

@@ -668,7 +668,11 @@ mod tests {
         );
         assert!(route("/api/v1/namespaces/default/widgets").is_none());
         assert!(route("/api/v1/namespaces/default/pods/p/exec").is_none());
-        assert!(route("/apis/apps/v1/deployments").is_none());
+        assert!(route("/apis/batch/v1/jobs").is_none());
+        assert!(
+            route("/apis/apps/v1/namespaces/kube-system/daemonsets/d").is_some(),
+            "a stored kind of another group"
+        );
         assert!(route("/api/v2/pods").is_none());
         assert!(route("/api/v1/nodes/n/binding").is_none());
     }

@@ -3,11 +3,16 @@
 //! is stored is what the typed object serializes to (unknown fields pruned,
 //! as the real server prunes them).
 
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Binding, ConfigMap, Event, Namespace, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
-use serde::Serialize;
+use k8s_openapi::api::core::v1::{
+    Binding, ConfigMap, Event, Namespace, Node, Pod, Service, ServiceAccount,
+};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::resources::Resource;
@@ -18,6 +23,49 @@ fn roundtrip<T: DeserializeOwned + Serialize>(value: Value, what: &str) -> Resul
         ApiError::bad_request(format!("the {what} object provided is invalid: {e}"))
     })?;
     serde_json::to_value(typed).map_err(|e| ApiError::internal(format!("encoding a {what}: {e}")))
+}
+
+/// A custom resource as the stand-in stores it: typed metadata, a free-form
+/// `spec` (as a CRD whose schema preserves unknown fields), nothing else.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CustomObject {
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    spec: Option<Value>,
+}
+
+/// The round trip of a custom resource: the kind and apiVersion must be the
+/// resource's (or absent: filled in), unknown top-level fields are pruned.
+fn custom_resource(resource: &Resource, value: Value) -> Result<Value, ApiError> {
+    let what = resource.kind;
+    let mut object: CustomObject = serde_json::from_value(value).map_err(|e| {
+        ApiError::bad_request(format!("the {what} object provided is invalid: {e}"))
+    })?;
+    let api_version = resource.api_version();
+    for (field, given, want) in [
+        ("kind", object.kind.as_deref(), what),
+        (
+            "apiVersion",
+            object.api_version.as_deref(),
+            api_version.as_str(),
+        ),
+    ] {
+        if given.is_some_and(|g| g != want) {
+            return Err(ApiError::bad_request(format!(
+                "the {what} object provided is invalid: {field} {:?}, expected {want:?}",
+                given.unwrap_or_default()
+            )));
+        }
+    }
+    object.kind = Some(what.to_owned());
+    object.api_version = Some(api_version);
+    serde_json::to_value(object).map_err(|e| ApiError::internal(format!("encoding a {what}: {e}")))
 }
 
 /// Parses a JSON request body (400 on malformed JSON or a non-object).
@@ -46,6 +94,16 @@ pub fn normalize(resource: &Resource, value: Value) -> Result<Value, ApiError> {
         "Event" => roundtrip::<Event>(value, "Event"),
         "ConfigMap" => roundtrip::<ConfigMap>(value, "ConfigMap"),
         "Lease" => roundtrip::<Lease>(value, "Lease"),
+        "ServiceAccount" => roundtrip::<ServiceAccount>(value, "ServiceAccount"),
+        "Service" => roundtrip::<Service>(value, "Service"),
+        "DaemonSet" => roundtrip::<DaemonSet>(value, "DaemonSet"),
+        "Deployment" => roundtrip::<Deployment>(value, "Deployment"),
+        "ClusterRole" => roundtrip::<ClusterRole>(value, "ClusterRole"),
+        "ClusterRoleBinding" => roundtrip::<ClusterRoleBinding>(value, "ClusterRoleBinding"),
+        "Role" => roundtrip::<Role>(value, "Role"),
+        "RoleBinding" => roundtrip::<RoleBinding>(value, "RoleBinding"),
+        "PodDisruptionBudget" => roundtrip::<PodDisruptionBudget>(value, "PodDisruptionBudget"),
+        "ServiceMonitor" => custom_resource(resource, value),
         other => Err(ApiError::internal(format!("no type for kind {other}"))),
     }
 }

@@ -57,7 +57,9 @@ pub struct UpArgs {
     /// Number of nodes (`node-1` … `node-N`).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2000))]
     pub nodes: u32,
-    /// The GPU node profile of every node (see `tessera-sim profiles`).
+    /// The GPU node profile (see `tessera-sim profiles`): one name for every
+    /// node, or a comma-separated list with one name per node, in order
+    /// (`--profile a100-40gb-dynamic,h100-80gb` with `--nodes 2`).
     #[arg(long, default_value = "demo")]
     pub profile: String,
     /// A KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) for the
@@ -112,8 +114,39 @@ profiles:
 - schedulerName: default-scheduler
 ";
 
+impl UpArgs {
+    /// The profile of each node, `node-1` first: `--profile` names one for
+    /// every node or one per node (comma-separated).
+    pub fn node_profiles(&self) -> Result<Vec<String>, Error> {
+        let names: Vec<String> = self
+            .profile
+            .split(',')
+            .map(|n| n.trim().to_owned())
+            .collect();
+        if names.iter().any(String::is_empty) {
+            return Err(Error::Usage {
+                option: "--profile",
+                reason: format!("{:?} has an empty profile name", self.profile),
+            });
+        }
+        match names.len() {
+            1 => Ok(vec![names[0].clone(); self.nodes as usize]),
+            n if n == self.nodes as usize => Ok(names),
+            n => Err(Error::Usage {
+                option: "--profile",
+                reason: format!(
+                    "{n} profiles for {} nodes: give one for every node or one per node",
+                    self.nodes
+                ),
+            }),
+        }
+    }
+}
+
 /// Runs `cluster up`.
 pub fn run(args: UpArgs) -> Result<(), Error> {
+    // Checked before the root is claimed: a bad list changes nothing.
+    args.node_profiles()?;
     let root = crate::root_for_up(&args.root)?;
     let args = UpArgs { root, ..args };
     refuse_if_in_use(&args.root)?;
@@ -696,34 +729,41 @@ async fn bring_up(cluster: &mut Cluster, args: &UpArgs) -> Result<(), Error> {
         .containerd_bin_dir
         .clone()
         .unwrap_or_else(containerd::bin_dir_from_env);
-    for i in 1..=args.nodes {
+    let profiles = args.node_profiles()?;
+    for (i, profile) in (1..=args.nodes).zip(&profiles) {
         let name = format!("node-{i}");
         let dir = root.join("nodes").join(&name);
         fs::create_dir_all(&dir).map_err(io(&dir))?;
         helper(
             &format!("{name}: tessera-sim create"),
             tokio::process::Command::new(&exe)
-                .args(["create", "--force", "--profile", &args.profile, "--root"])
+                .args(["create", "--force", "--profile", profile, "--root"])
                 .arg(&dir),
         )
         .await?;
         let cdi_dir = dir.join("cdi");
         fs::create_dir_all(&cdi_dir).map_err(io(&cdi_dir))?;
         let hook_config = write_hook_config(&dir, &cdi_dir)?;
-        helper(
-            &format!("{name}: tessera-cdi generate"),
-            tokio::process::Command::new(&cdi_gen)
-                .arg("generate")
-                .arg("--driver-root")
-                .arg(&dir)
-                .arg("--hook-path")
-                .arg(&hook)
-                .arg("--hook-config")
-                .arg(&hook_config)
-                .arg("--output")
-                .arg(cdi_dir.join(tessera_model::contract::cdi::STATIC_SPEC_FILE)),
-        )
-        .await?;
+        if only_empty_mig_gpus(&dir)? {
+            // tessera-cdi has nothing to describe there (it refuses such a
+            // node): every device comes from a device plugin's transient spec.
+            tracing::info!(node = %name, "no static CDI spec: every GPU is in MIG mode with no instances");
+        } else {
+            helper(
+                &format!("{name}: tessera-cdi generate"),
+                tokio::process::Command::new(&cdi_gen)
+                    .arg("generate")
+                    .arg("--driver-root")
+                    .arg(&dir)
+                    .arg("--hook-path")
+                    .arg(&hook)
+                    .arg("--hook-config")
+                    .arg(&hook_config)
+                    .arg("--output")
+                    .arg(cdi_dir.join(tessera_model::contract::cdi::STATIC_SPEC_FILE)),
+            )
+            .await?;
+        }
         let kubelet_dir = dir.join("var/lib/kubelet");
         let mut node = NodeState {
             name: name.clone(),
@@ -995,6 +1035,25 @@ async fn wait_for_nodes(
     )))
 }
 
+/// Whether every GPU of the simulated node under `dir` is in MIG mode with
+/// no GPU instance (read from its `run/tessera-sim/state.json`): such a node
+/// has nothing for a static CDI spec.
+fn only_empty_mig_gpus(dir: &Path) -> Result<bool, Error> {
+    let path = dir.join("run/tessera-sim/state.json");
+    let text = fs::read_to_string(&path).map_err(io(&path))?;
+    let state: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| step("reading the simulated node")(format!("{}: {e}", path.display())))?;
+    let gpus = state["gpus"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    Ok(!gpus.is_empty()
+        && gpus.iter().all(|gpu| {
+            gpu["mig_enabled"].as_bool() == Some(true)
+                && gpu["gpu_instances"].as_array().is_none_or(Vec::is_empty)
+        }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1038,5 +1097,80 @@ mod tests {
         assert!(parse("120").is_ok());
         assert!(parse("0").is_err());
         assert!(parse(&u64::MAX.to_string()).is_err());
+    }
+
+    fn up_args(nodes: u32, profile: &str) -> UpArgs {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            up: UpArgs,
+        }
+        let nodes = nodes.to_string();
+        Cli::try_parse_from([
+            "up",
+            "--root",
+            "/x",
+            "--nodes",
+            &nodes,
+            "--profile",
+            profile,
+        ])
+        .expect("valid arguments")
+        .up
+    }
+
+    #[test]
+    fn one_profile_is_every_nodes_and_a_list_gives_one_per_node() {
+        assert_eq!(
+            up_args(3, "dynamic").node_profiles().expect("one name"),
+            ["dynamic", "dynamic", "dynamic"]
+        );
+        assert_eq!(
+            up_args(2, "a100-40gb-dynamic, h100-80gb")
+                .node_profiles()
+                .expect("one per node"),
+            ["a100-40gb-dynamic", "h100-80gb"]
+        );
+    }
+
+    #[test]
+    fn a_profile_list_of_the_wrong_length_or_with_a_gap_is_refused() {
+        let err = up_args(3, "a,b").node_profiles().expect_err("2 for 3");
+        assert_eq!(
+            err.to_string(),
+            "--profile: 2 profiles for 3 nodes: give one for every node or one per node"
+        );
+        let err = up_args(2, "a,").node_profiles().expect_err("empty name");
+        assert!(err.to_string().starts_with("--profile: "), "{err}");
+    }
+
+    #[test]
+    fn a_node_of_empty_mig_gpus_only_has_no_static_spec() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let state_dir = dir.path().join("run/tessera-sim");
+        fs::create_dir_all(&state_dir).expect("state dir");
+        let write = |gpus: serde_json::Value| {
+            fs::write(
+                state_dir.join("state.json"),
+                serde_json::json!({ "gpus": gpus }).to_string(),
+            )
+            .expect("state.json")
+        };
+        write(serde_json::json!([{"mig_enabled": true, "gpu_instances": []}]));
+        assert!(only_empty_mig_gpus(dir.path()).expect("readable"));
+        write(serde_json::json!([
+            {"mig_enabled": true, "gpu_instances": []},
+            {"mig_enabled": false, "gpu_instances": []},
+        ]));
+        assert!(
+            !only_empty_mig_gpus(dir.path()).expect("readable"),
+            "a whole GPU"
+        );
+        write(serde_json::json!([{"mig_enabled": true, "gpu_instances": [{"id": 1}]}]));
+        assert!(
+            !only_empty_mig_gpus(dir.path()).expect("readable"),
+            "a MIG device"
+        );
     }
 }
