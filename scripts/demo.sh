@@ -108,6 +108,7 @@ if [ -z "$no_build" ]; then
         # build it: a subset could unify dependency features differently.
         cargo build --workspace --locked
     fi
+    echo "built, $(elapsed) after the demo started"
 fi
 
 # Where each program comes from: the .debs unpacked into the work dir

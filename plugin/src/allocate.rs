@@ -531,7 +531,12 @@ impl Allocator {
             memory_scaling,
             library_groups: &ctx.config.devices.library_groups,
         };
-        let spec = transient::build_spec(&input)?;
+        let mut spec = transient::build_spec(&input)?;
+        transient::to_host_paths(
+            &mut spec,
+            &ctx.config.driver_root,
+            &ctx.config.host_driver_root,
+        );
         let limits = transient::limits_file(&granted, memory_scaling)?;
         transient::write_files(&paths, &limits, transient::mig_only(&granted))?;
         transient::write_spec(&paths.spec_file, &spec)?;
@@ -1264,6 +1269,7 @@ mod tests {
             node_name: "n".into(),
             kubeconfig: None,
             driver_root: "/".into(),
+            host_driver_root: "/".into(),
             nvml_lib: None,
             kubelet_dir: dir.path().join("kubelet"),
             cdi_dir: dir.path().join("cdi"),

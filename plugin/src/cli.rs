@@ -60,6 +60,12 @@ pub struct Args {
     /// Where the driver's files and device nodes are.
     #[arg(long, default_value = "/")]
     pub driver_root: PathBuf,
+    /// Where the host has what this process sees at --driver-root: the
+    /// host paths the CDI specs name [default: the driver root]. For a plugin
+    /// in a container with the host's `/` mounted at `/host`:
+    /// `--driver-root=/host --host-driver-root=/`.
+    #[arg(long, value_name = "DIR")]
+    pub host_driver_root: Option<PathBuf>,
     /// The NVML library to load (else found under the driver root).
     #[arg(long)]
     pub nvml_lib: Option<PathBuf>,
@@ -187,6 +193,10 @@ pub fn resolve(
         node_name,
         kubeconfig: args.kubeconfig.clone(),
         driver_root: args.driver_root.clone(),
+        host_driver_root: args
+            .host_driver_root
+            .clone()
+            .unwrap_or_else(|| args.driver_root.clone()),
         nvml_lib: args.nvml_lib.clone(),
         kubelet_dir: args.kubelet_dir.clone(),
         cdi_dir: args.cdi_dir.clone(),

@@ -149,6 +149,9 @@ pub struct PluginConfig {
     pub kubeconfig: Option<PathBuf>,
     /// Where the driver's files and device nodes live (`/` on a real node).
     pub driver_root: PathBuf,
+    /// The host's path of `driver_root` (`--host-driver-root`): specs name
+    /// host paths, and a containerized plugin may see the driver elsewhere.
+    pub host_driver_root: PathBuf,
     /// NVML to load; `None`: found under the driver root.
     pub nvml_lib: Option<PathBuf>,
     /// kubelet's directory (`/var/lib/kubelet`): `device-plugins/` and

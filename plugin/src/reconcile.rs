@@ -1022,6 +1022,7 @@ mod tests {
             node_name: "node-1".to_owned(),
             kubeconfig: None,
             driver_root: root.join("node"),
+            host_driver_root: root.join("node"),
             nvml_lib: None,
             kubelet_dir: root.join("kubelet"),
             cdi_dir: root.join("cdi"),

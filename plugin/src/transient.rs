@@ -368,6 +368,38 @@ pub fn build_spec(input: &SpecInput<'_>) -> Result<Spec, TransientError> {
     Ok(spec)
 }
 
+/// Rewrites the spec's host paths below `seen` (the driver root as this
+/// process sees it) to the same paths below `host` (where the host has it):
+/// the container runtime resolves a spec's `hostPath`s on the host, not in
+/// the plugin's container. Paths outside `seen`, and every path when the two
+/// roots are the same, are left alone.
+pub fn to_host_paths(spec: &mut Spec, seen: &Path, host: &Path) {
+    if seen == host || seen == Path::new("/") {
+        // A plugin that sees the host's `/` names host paths already; below
+        // `/` is every path, so a rewrite would move all of them.
+        return;
+    }
+    let rewrite = |path: &str| -> Option<String> {
+        let rest = Path::new(path).strip_prefix(seen).ok()?;
+        Some(host.join(rest).to_string_lossy().into_owned())
+    };
+    for edits in std::iter::once(&mut spec.container_edits)
+        .chain(spec.devices.iter_mut().map(|d| &mut d.container_edits))
+    {
+        for mount in &mut edits.mounts {
+            if let Some(new) = rewrite(&mount.host_path) {
+                mount.host_path = new;
+            }
+        }
+        for node in &mut edits.device_nodes {
+            let on_host = node.host_path.as_deref().unwrap_or(&node.path);
+            if let Some(new) = rewrite(on_host) {
+                node.host_path = Some(new);
+            }
+        }
+    }
+}
+
 /// The host preload list's contents: the container's library path.
 pub fn preload_contents() -> String {
     format!("{}\n", vgpu_contract::CONTAINER_LIBRARY)
@@ -775,6 +807,54 @@ mod tests {
                 .iter()
                 .any(|(c, h, p)| c == "/dev/nvidia4" && h == "/sim/dev/nvidia4" && p == "rw")
         );
+    }
+
+    #[test]
+    fn host_paths_below_the_seen_driver_root_move_to_the_host_root() {
+        let mut built = spec(&[share()], 1.0).expect("valid");
+        let edits = &mut built.devices[0].container_edits;
+        edits.mounts.push(Mount {
+            host_path: "/host/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+            container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+            ..Default::default()
+        });
+        edits.device_nodes.push(DeviceNode {
+            path: "/host/dev/nvidia0".into(),
+            ..Default::default()
+        });
+        // A lookalike prefix is not below the root.
+        edits.mounts.push(Mount {
+            host_path: "/hostile/lib.so".into(),
+            container_path: "/lib.so".into(),
+            ..Default::default()
+        });
+        let before = built.clone();
+        to_host_paths(&mut built, Path::new("/host"), Path::new("/"));
+        let edits = &built.devices[0].container_edits;
+        let hosts: Vec<&str> = edits.mounts.iter().map(|m| m.host_path.as_str()).collect();
+        assert!(hosts.contains(&"/usr/lib/x86_64-linux-gnu/libcuda.so.1"));
+        assert!(hosts.contains(&"/hostile/lib.so"));
+        assert!(!hosts.iter().any(|h| h.starts_with("/host/")));
+        let node = edits.device_nodes.last().expect("node");
+        assert_eq!(node.path, "/host/dev/nvidia0", "the container path stays");
+        assert_eq!(node.host_path.as_deref(), Some("/dev/nvidia0"));
+        // Container paths never change.
+        let containers = |s: &Spec| -> Vec<String> {
+            s.devices[0]
+                .container_edits
+                .mounts
+                .iter()
+                .map(|m| m.container_path.clone())
+                .collect()
+        };
+        assert_eq!(containers(&built), containers(&before));
+        // The same root, or a plugin that sees `/`: nothing moves.
+        let mut same = before.clone();
+        to_host_paths(&mut same, Path::new("/host"), Path::new("/host"));
+        assert_eq!(same, before);
+        let mut from_slash = before.clone();
+        to_host_paths(&mut from_slash, Path::new("/"), Path::new("/host"));
+        assert_eq!(from_slash, before);
     }
 
     #[test]

@@ -345,3 +345,91 @@ async fn containers_are_realized_in_index_order_and_pods_in_flight_never_swap() 
     assert!(w.ctx.checkpoint.get(&alloc_id(&p, 0)).is_none());
     Ok(())
 }
+
+/// A plugin in a container sees the host's driver root elsewhere (the
+/// DaemonSet mounts the host's `/` at `/driver-root`): with
+/// `--host-driver-root` the spec the runtime reads on the host names host
+/// paths only, and every one of them exists there. The container's view is
+/// a symlink to the node root here, so discovery finds the same files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_seeing_the_driver_elsewhere_names_host_paths() -> Result<()> {
+    let Some(w) = world(CdiMode::CdiField).await? else {
+        return Ok(());
+    };
+    let seen = w.sim.dir().join("driver-root");
+    std::os::unix::fs::symlink(w.sim.root(), &seen)?;
+    let h100 = w.driver.gpus()?[SHARE_GPU as usize].clone();
+    // host_paths(pod, host root): the spec's host paths for a pod allocated by
+    // a plugin that sees the driver root at `seen`.
+    let host_paths = async |pod: &str, host_root: &std::path::Path| -> Result<Vec<String>> {
+        let mut config = w.ctx.config.clone();
+        config.driver_root = seen.clone();
+        config.host_driver_root = host_root.to_owned();
+        let allocator = tessera_plugin::allocate::Allocator::new(std::sync::Arc::new(
+            tessera_plugin::run::NodeContext {
+                config,
+                driver: w.ctx.driver.clone(),
+                client: w.kube.clone(),
+                checkpoint: w.ctx.checkpoint.clone(),
+            },
+        ));
+        let pod = bind_pod(
+            &w.kube,
+            pod,
+            &["main"],
+            &one_container(json!([share(&h100.uuid, 1024, 0)])),
+            true,
+        )
+        .await?;
+        let id = alloc_id(&pod, 0);
+        allocator.allocate(request(&["gpu-0-1"])).await?;
+        let spec: Spec = serde_json::from_slice(&std::fs::read(
+            w.ctx
+                .config
+                .cdi_dir
+                .join(format!("tessera.io-alloc_{id}.json")),
+        )?)?;
+        let edits = &spec.devices[0].container_edits;
+        let mut paths: Vec<String> = edits.mounts.iter().map(|m| m.host_path.clone()).collect();
+        paths.extend(
+            edits
+                .device_nodes
+                .iter()
+                .map(|n| n.host_path.clone().unwrap_or_else(|| n.path.clone())),
+        );
+        Ok(paths)
+    };
+
+    // Control: told nothing (the host root is what it sees), the plugin
+    // names its own view, which the host's runtime could not resolve.
+    let unmapped = host_paths("unmapped", &seen).await?;
+    let in_view = unmapped
+        .iter()
+        .filter(|p| std::path::Path::new(p).starts_with(&seen))
+        .count();
+    assert!(
+        in_view >= 3,
+        "the control names no path below {seen:?}: {unmapped:?}"
+    );
+
+    let mapped = host_paths("mapped", w.sim.root()).await?;
+    let below_root: Vec<&String> = mapped
+        .iter()
+        .filter(|p| std::path::Path::new(p).starts_with(w.sim.root()))
+        .collect();
+    // The driver's libraries and the device nodes, now under their host paths.
+    assert_eq!(below_root.len(), in_view, "{mapped:?}");
+    for path in &mapped {
+        assert!(
+            !std::path::Path::new(path).starts_with(&seen),
+            "{path} is the plugin's view, not the host's"
+        );
+    }
+    for path in below_root {
+        assert!(
+            std::fs::symlink_metadata(path).is_ok(),
+            "{path} does not exist on the host"
+        );
+    }
+    Ok(())
+}

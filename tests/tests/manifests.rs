@@ -608,7 +608,7 @@ fn device_plugin_manifest_agrees_with_the_plugin() -> Result<()> {
     ensure!(config.namespace == cluster::DEFAULT_NAMESPACE);
     ensure!(parsed.config.as_deref() == Some(Path::new(cluster::CONFIG_PATH)));
 
-    // Every path the plugin works under is mounted from the same host path.
+    // Every other path the plugin works under is mounted from the same host path.
     let mounts: BTreeMap<String, String> = container
         .volume_mounts
         .iter()
@@ -641,7 +641,6 @@ fn device_plugin_manifest_agrees_with_the_plugin() -> Result<()> {
         config.kubelet_dir.join("pod-resources"),
         config.cdi_dir.clone(),
         config.state_dir.clone(),
-        config.driver_root.clone(),
         config
             .devices
             .dev_root
@@ -651,6 +650,19 @@ fn device_plugin_manifest_agrees_with_the_plugin() -> Result<()> {
     ] {
         same_path(&path)?;
     }
+    // The driver root is the one path seen elsewhere in the container: the
+    // volume behind --driver-root must be the host's --host-driver-root, which
+    // is what the specs name.
+    let driver_root = config.driver_root.display().to_string();
+    let volume = mounts
+        .get(&driver_root)
+        .with_context(|| format!("--driver-root {driver_root} is not mounted: {mounts:?}"))?;
+    ensure!(
+        host_paths.get(volume).map(Path::new) == Some(config.host_driver_root.as_path()),
+        "--driver-root {driver_root}: volume {volume} is {:?} on the host, not --host-driver-root {}",
+        host_paths.get(volume),
+        config.host_driver_root.display()
+    );
     let config_dir = Path::new(cluster::CONFIG_PATH)
         .parent()
         .context("config dir")?;

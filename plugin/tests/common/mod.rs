@@ -79,6 +79,7 @@ pub fn config(root: &Path, state_dir: &Path, mode: CdiMode) -> PluginConfig {
         node_name: NODE.to_owned(),
         kubeconfig: None,
         driver_root: root.to_owned(),
+        host_driver_root: root.to_owned(),
         nvml_lib: None,
         kubelet_dir: state_dir.join("kubelet"),
         cdi_dir: state_dir.join("cdi"),
