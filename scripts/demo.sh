@@ -114,9 +114,7 @@ fi
 # Where each program comes from: the .debs unpacked into the work dir
 # (default) or the installed packages (--installed).
 prefix=
-hook=
 if [ -n "$installed" ]; then
-    prefix=
     source_of_binaries="the installed packages (/usr/bin, /usr/lib/tessera)"
     for package in tessera-node tessera-cluster; do
         dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' ||

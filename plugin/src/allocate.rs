@@ -733,7 +733,7 @@ impl Allocator {
 
     /// The answer for a container realized before, rebuilt from its spec.
     fn answer_from_files(&self, id: &AllocId) -> Result<ContainerAllocateResponse, AllocateError> {
-        let path = transient::AllocPaths::new(&self.ctx.config, id).spec_file;
+        let path = transient::AllocPaths::spec_file(&self.ctx.config, id);
         let text = std::fs::read(&path).map_err(|e| {
             AllocateError::Transient(TransientError::Io {
                 path: path.clone(),

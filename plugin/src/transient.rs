@@ -148,8 +148,14 @@ impl AllocPaths {
             preload_file: packaged_preload(&config.vgpu_library)
                 .unwrap_or_else(|| config.state_dir.join(PRELOAD_FILE)),
             vgpu_library: config.vgpu_library.clone(),
-            spec_file: config.cdi_dir.join(id.spec_file_name()),
+            spec_file: AllocPaths::spec_file(config, id),
         }
+    }
+
+    /// `<cdi_dir>/tessera.io-alloc_<id>.json` alone: callers that only remove
+    /// or check the spec need not look for the packaged preload list.
+    pub fn spec_file(config: &PluginConfig, id: &AllocId) -> PathBuf {
+        config.cdi_dir.join(id.spec_file_name())
     }
 }
 
