@@ -45,15 +45,26 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     let result = match &cli.command {
-        Command::Generate(args) => generate::run(args).map(|g| {
-            if g.output.as_os_str() != "-" {
-                eprintln!(
-                    "tessera-cdi: wrote {} ({} devices, cdiVersion {})",
-                    g.output.display(),
-                    g.devices,
-                    g.cdi_version
-                );
+        Command::Generate(args) => generate::run(args).map(|generated| match generated {
+            generate::Generated::Written {
+                output,
+                devices,
+                cdi_version,
+            } => {
+                if output.as_os_str() != "-" {
+                    eprintln!(
+                        "tessera-cdi: wrote {} ({devices} devices, cdiVersion {cdi_version})",
+                        output.display()
+                    );
+                }
             }
+            generate::Generated::Empty { removed } => eprintln!(
+                "tessera-cdi: nothing to describe on this node (no GPU without MIG, no MIG device); {}",
+                removed.map_or("no spec written".to_owned(), |path| format!(
+                    "removed {}",
+                    path.display()
+                ))
+            ),
         }),
         Command::List(args) => list::run(args).map(|table| print!("{table}")),
         Command::Profiles(args) => profiles::run(args).map(|report| print!("{report}")),

@@ -491,3 +491,69 @@ fn an_unknown_library_group_is_refused() {
         "{stderr}"
     );
 }
+
+/// Dynamic MIG's starting point: every GPU in MIG mode, no instance. Plain
+/// `generate` refuses it and keeps the old file; `--allow-empty` succeeds and
+/// removes the spec (it could only name devices that are gone), then writes
+/// one again once an instance exists.
+#[test]
+fn allow_empty_removes_the_spec_of_a_node_with_nothing_to_describe() {
+    let Some((_dir, root, out)) = node_with_previous_spec("a100-40gb-dynamic") else {
+        return;
+    };
+    let line = generate_fails(&root, &out);
+    assert!(line.contains("nothing to describe"), "{line}");
+    assert_untouched(&out);
+
+    let one_line_ok = |extra: &[&str], output: &Path| {
+        let mut args = vec!["--allow-empty"];
+        args.extend_from_slice(extra);
+        let result = generate(&root, output, &args);
+        let stderr = stderr_of(&result);
+        assert!(result.status.success(), "{stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "want one line, got: {stderr}");
+        (lines[0].to_owned(), result.stdout)
+    };
+    let (line, _) = one_line_ok(&[], &out);
+    assert!(
+        line.starts_with("tessera-cdi: nothing to describe")
+            && line.ends_with(&format!("removed {}", out.display())),
+        "{line}"
+    );
+    assert!(!out.exists(), "the stale spec is still there");
+    let (line, _) = one_line_ok(&[], &out);
+    assert!(line.ends_with("no spec written"), "{line}");
+    assert!(!out.exists(), "a spec appeared");
+    let (_, stdout) = one_line_ok(&[], Path::new("-"));
+    assert!(stdout.is_empty(), "{}", String::from_utf8_lossy(&stdout));
+
+    // A 1g.5gb (profile 19) made by hand: the node has a device to describe.
+    use tessera_driver::GpuDriver as _;
+    let driver = tessera_driver::nvml::NvmlDriver::load(
+        &tessera_driver::devices::find_nvml_library(&root).unwrap(),
+    )
+    .unwrap();
+    let gi = driver
+        .create_gpu_instance(
+            0,
+            19,
+            tessera_model::mig::placement::Placement { start: 0, size: 1 },
+        )
+        .unwrap();
+    driver.create_compute_instance(0, gi.id).unwrap();
+    let (line, _) = one_line_ok(&[], &out);
+    assert!(line.contains("wrote"), "{line}");
+    let spec: serde_json::Value = serde_json::from_slice(&fs::read(&out).unwrap()).unwrap();
+    let names: Vec<&str> = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["name"].as_str())
+        .collect();
+    assert!(names.contains(&"0:0"), "the MIG device by index: {names:?}");
+    assert!(
+        !names.contains(&"0"),
+        "the MIG GPU offered whole: {names:?}"
+    );
+}

@@ -1,6 +1,6 @@
 //! `tessera-cdi generate`: discover the node and write its static spec.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use tessera_model::contract;
 use tessera_model::edits::HookSettings;
@@ -33,17 +33,32 @@ pub struct GenerateArgs {
     /// video, graphics, utilities, or all.
     #[arg(long, value_name = "GROUPS", default_value_t = LibraryGroups::default())]
     pub library_groups: LibraryGroups,
+    /// Succeed on a node with nothing to describe (no GPU, or only GPUs in
+    /// MIG mode without instances: dynamic MIG's starting point, whose
+    /// devices come from the device plugin's transient specs), removing the
+    /// spec at --output if there is one: it can only describe devices that
+    /// are gone. Without it such a node is an error and the file is kept.
+    #[arg(long)]
+    pub allow_empty: bool,
 }
 
 /// What `generate` did, for the caller to report.
 #[derive(Debug)]
-pub struct Generated {
-    /// Where the spec went (`-` for standard output).
-    pub output: PathBuf,
-    /// Number of devices in the spec.
-    pub devices: usize,
-    /// The spec's `cdiVersion`.
-    pub cdi_version: String,
+pub enum Generated {
+    /// A spec was written.
+    Written {
+        /// Where the spec went (`-` for standard output).
+        output: PathBuf,
+        /// Number of devices in the spec.
+        devices: usize,
+        /// The spec's `cdiVersion`.
+        cdi_version: String,
+    },
+    /// The node had nothing to describe and `--allow-empty` was given.
+    Empty {
+        /// The spec file that was removed, if there was one.
+        removed: Option<PathBuf>,
+    },
 }
 
 /// Discovers the node, builds the static spec and writes it.
@@ -68,7 +83,10 @@ pub fn run(args: &GenerateArgs) -> Result<Generated, CdiGenError> {
         env: vec![contract::hook::PATH_ENV.to_owned()],
         config: args.hook_config.clone(),
     };
-    let spec = crate::static_spec(&facts, &hook, &args.library_groups)?;
+    let spec = match crate::static_spec(&facts, &hook, &args.library_groups) {
+        Err(CdiGenError::NoDevices) if args.allow_empty => return remove_stale(&args.output),
+        other => other?,
+    };
     let text = writer::render(&spec, args.format)?;
     if args.output.as_os_str() == "-" {
         use std::io::Write;
@@ -87,9 +105,29 @@ pub fn run(args: &GenerateArgs) -> Result<Generated, CdiGenError> {
         cdi_version = %spec.cdi_version,
         "spec written"
     );
-    Ok(Generated {
+    Ok(Generated::Written {
         output: args.output.clone(),
         devices: spec.devices.len(),
         cdi_version: spec.cdi_version,
     })
+}
+
+/// Removes the spec at `output` (if any) of a node that has nothing to
+/// describe now; standard output gets nothing.
+fn remove_stale(output: &Path) -> Result<Generated, CdiGenError> {
+    if output.as_os_str() == "-" {
+        return Ok(Generated::Empty { removed: None });
+    }
+    let removed = match std::fs::remove_file(output) {
+        Ok(()) => Some(output.to_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => {
+            return Err(CdiGenError::Io {
+                path: output.to_owned(),
+                source,
+            });
+        }
+    };
+    tracing::info!(removed = ?removed, "nothing to describe: no static spec");
+    Ok(Generated::Empty { removed })
 }

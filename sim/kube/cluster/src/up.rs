@@ -744,26 +744,24 @@ async fn bring_up(cluster: &mut Cluster, args: &UpArgs) -> Result<(), Error> {
         let cdi_dir = dir.join("cdi");
         fs::create_dir_all(&cdi_dir).map_err(io(&cdi_dir))?;
         let hook_config = write_hook_config(&dir, &cdi_dir)?;
-        if only_empty_mig_gpus(&dir)? {
-            // tessera-cdi has nothing to describe there (it refuses such a
-            // node): every device comes from a device plugin's transient spec.
-            tracing::info!(node = %name, "no static CDI spec: every GPU is in MIG mode with no instances");
-        } else {
-            helper(
-                &format!("{name}: tessera-cdi generate"),
-                tokio::process::Command::new(&cdi_gen)
-                    .arg("generate")
-                    .arg("--driver-root")
-                    .arg(&dir)
-                    .arg("--hook-path")
-                    .arg(&hook)
-                    .arg("--hook-config")
-                    .arg(&hook_config)
-                    .arg("--output")
-                    .arg(cdi_dir.join(tessera_model::contract::cdi::STATIC_SPEC_FILE)),
-            )
-            .await?;
-        }
+        // --allow-empty, as the packaged refresh unit: a node whose every GPU
+        // is in MIG mode with no instances gets no static spec, and every
+        // device there comes from a device plugin's transient spec.
+        helper(
+            &format!("{name}: tessera-cdi generate"),
+            tokio::process::Command::new(&cdi_gen)
+                .arg("generate")
+                .arg("--allow-empty")
+                .arg("--driver-root")
+                .arg(&dir)
+                .arg("--hook-path")
+                .arg(&hook)
+                .arg("--hook-config")
+                .arg(&hook_config)
+                .arg("--output")
+                .arg(cdi_dir.join(tessera_model::contract::cdi::STATIC_SPEC_FILE)),
+        )
+        .await?;
         let kubelet_dir = dir.join("var/lib/kubelet");
         let mut node = NodeState {
             name: name.clone(),
@@ -1035,25 +1033,6 @@ async fn wait_for_nodes(
     )))
 }
 
-/// Whether every GPU of the simulated node under `dir` is in MIG mode with
-/// no GPU instance (read from its `run/tessera-sim/state.json`): such a node
-/// has nothing for a static CDI spec.
-fn only_empty_mig_gpus(dir: &Path) -> Result<bool, Error> {
-    let path = dir.join("run/tessera-sim/state.json");
-    let text = fs::read_to_string(&path).map_err(io(&path))?;
-    let state: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| step("reading the simulated node")(format!("{}: {e}", path.display())))?;
-    let gpus = state["gpus"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    Ok(!gpus.is_empty()
-        && gpus.iter().all(|gpu| {
-            gpu["mig_enabled"].as_bool() == Some(true)
-                && gpu["gpu_instances"].as_array().is_none_or(Vec::is_empty)
-        }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1143,34 +1122,5 @@ mod tests {
         );
         let err = up_args(2, "a,").node_profiles().expect_err("empty name");
         assert!(err.to_string().starts_with("--profile: "), "{err}");
-    }
-
-    #[test]
-    fn a_node_of_empty_mig_gpus_only_has_no_static_spec() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let state_dir = dir.path().join("run/tessera-sim");
-        fs::create_dir_all(&state_dir).expect("state dir");
-        let write = |gpus: serde_json::Value| {
-            fs::write(
-                state_dir.join("state.json"),
-                serde_json::json!({ "gpus": gpus }).to_string(),
-            )
-            .expect("state.json")
-        };
-        write(serde_json::json!([{"mig_enabled": true, "gpu_instances": []}]));
-        assert!(only_empty_mig_gpus(dir.path()).expect("readable"));
-        write(serde_json::json!([
-            {"mig_enabled": true, "gpu_instances": []},
-            {"mig_enabled": false, "gpu_instances": []},
-        ]));
-        assert!(
-            !only_empty_mig_gpus(dir.path()).expect("readable"),
-            "a whole GPU"
-        );
-        write(serde_json::json!([{"mig_enabled": true, "gpu_instances": [{"id": 1}]}]));
-        assert!(
-            !only_empty_mig_gpus(dir.path()).expect("readable"),
-            "a MIG device"
-        );
     }
 }
