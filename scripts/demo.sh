@@ -12,9 +12,15 @@
 #     packages' files, with the shipped cluster ConfigMap;
 #   - applies the three pods of examples/ and shows what each one got.
 #
-# Usage: bash scripts/demo.sh [--installed] [--no-build] [--keep] [--work-dir DIR]
+# Usage: bash scripts/demo.sh [--installed | --images] [--no-build] [--keep] [--work-dir DIR]
 #   --installed   run /usr/bin/tessera-* and /usr/lib/tessera/* of the
 #                 installed tessera-node and tessera-cluster packages
+#   --images      run the extender and the device plugins from the images
+#                 the manifests name, built from the tessera-cluster .deb by
+#                 scripts/image.sh, with podman: the plugin as the DaemonSet
+#                 runs it (privileged, the host's pids), the extender as the
+#                 Deployment does (uid 65532); the host network, as both
+#                 listen on 127.0.0.1 here
 #   --no-build    do not build (the binaries and, by default, the .debs exist)
 #   --keep        leave the cluster up at the end and print how to explore it
 #   --work-dir    everything the demo makes (default $TESSERA_DEMO_DIR, else
@@ -31,17 +37,19 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$tessera_root"
 
 usage() {
-    echo "usage: bash scripts/demo.sh [--installed] [--no-build] [--keep] [--work-dir DIR]" >&2
+    echo "usage: bash scripts/demo.sh [--installed | --images] [--no-build] [--keep] [--work-dir DIR]" >&2
     exit 2
 }
 
 installed=
+images=
 no_build=
 keep=
 work=${TESSERA_DEMO_DIR:-/tmp/tessera-demo}
 while [ $# -gt 0 ]; do
     case "$1" in
     --installed) installed=1 ;;
+    --images) images=1 ;;
     --no-build) no_build=1 ;;
     --keep) keep=1 ;;
     --work-dir)
@@ -61,6 +69,10 @@ done
 case "$work" in
 / | "") echo "demo.sh: --work-dir must not be / or empty" >&2 && exit 2 ;;
 esac
+if [ -n "$installed" ] && [ -n "$images" ]; then
+    echo "demo.sh: --installed and --images: choose one (the images are built from the .deb, not from what is installed)" >&2
+    exit 2
+fi
 
 started=$(date +%s)
 # Until the cluster exists (then `fail` below reports with its logs).
@@ -181,9 +193,26 @@ cluster_config_src="$manifests/cluster-config.yaml"
 for f in "$scheduler_config_src" "$cluster_config_src"; do
     [ -f "$f" ] || { echo "demo.sh: $f is missing" >&2 && exit 1; }
 done
+# The containers' names: one set per work directory.
+container_prefix="tessera-demo-$(printf '%s' "$work" | sha256sum | cut -c1-8)"
+# The sandbox forbids raising rlimits; podman's defaults would.
+podman_run=(podman run --rm --replace --network=host --ulimit nofile=4096:4096 --ulimit nproc=4096:4096
+    -e TESSERA_LOG=info -e NO_COLOR=1)
+if [ -n "$images" ]; then
+    step "images: scripts/image.sh --deb $cluster_deb" \
+        "the two images the manifests name, built from the package's files (no base image)"
+    mapfile -t built_images < <(bash scripts/image.sh --deb "$cluster_deb")
+    plugin_image=$(printf '%s\n' "${built_images[@]}" | grep -F 'tessera-device-plugin:' || true)
+    extender_image=$(printf '%s\n' "${built_images[@]}" | grep -F 'tessera-scheduler-extender:' || true)
+    [ -n "$plugin_image" ] && [ -n "$extender_image" ] || { echo "demo.sh: scripts/image.sh built ${built_images[*]:-nothing}" >&2 && exit 1; }
+    podman images --filter "reference=$plugin_image" --filter "reference=$extender_image"
+    extender=$extender_image plugin=$plugin_image
+    source_of_binaries="the images (the extender, the plugin) and the packages' files unpacked into $prefix"
+fi
 echo "Tessera's programs come from $source_of_binaries:"
 printf '  %s\n' "$extender" "$plugin" "$plugin_dir/kubectl-tessera" "$hook" "$vgpu_lib"
 echo "the simulation (tessera-sim, tessera-cdi for the nodes' static specs, tessera-cuda-probe) from $debug"
+
 
 kubectl_bin=${TESSERA_KUBECTL:-$TESSERA_KUBECTL_DIR/usr/bin/kubectl}
 export KUBECONFIG="$cluster/kubeconfig"
@@ -202,6 +231,8 @@ write_down_script() {
 #!/usr/bin/env bash
 # Takes the demo's cluster down (written by scripts/demo.sh).
 while read -r pid; do kill "\$pid" 2>/dev/null || true; done <"$pids_file"
+# With --images: the containers (stopped by the kills above; this waits).
+podman ps -aq --filter "name=^$container_prefix-" | xargs -r podman rm -f -t 10 >/dev/null 2>&1 || true
 "$sim" cluster down --root "$cluster"
 DOWN
 }
@@ -306,9 +337,19 @@ grep -E '^\s*(nodeSchedulerPolicy|gpuSchedulerPolicy|deviceSplitCount):' "$work/
 
 step "tessera-scheduler-extender on 127.0.0.1:$extender_port" \
     "its log: $cluster/logs/extender.log"
-start_bg "$cluster/logs/extender.log" env TESSERA_LOG=info NO_COLOR=1 "$extender" \
-    --kubeconfig "$KUBECONFIG" --config "$work/cluster.yaml" \
-    --listen "127.0.0.1:$extender_port" --namespace kube-system --identity demo
+if [ -n "$images" ]; then
+    # The image runs as uid 65532: its own copy of the kubeconfig.
+    install -m 0600 -o 65532 -g 65532 "$KUBECONFIG" "$work/extender.kubeconfig"
+    start_bg "$cluster/logs/extender.log" "${podman_run[@]}" --name "$container_prefix-extender" \
+        -v "$work/extender.kubeconfig:/etc/tessera/kubeconfig:ro" \
+        -v "$work/cluster.yaml:/etc/tessera/cluster.yaml:ro" \
+        "$extender_image" --kubeconfig /etc/tessera/kubeconfig --config /etc/tessera/cluster.yaml \
+        --listen "127.0.0.1:$extender_port" --namespace kube-system --identity demo
+else
+    start_bg "$cluster/logs/extender.log" env TESSERA_LOG=info NO_COLOR=1 "$extender" \
+        --kubeconfig "$KUBECONFIG" --config "$work/cluster.yaml" \
+        --listen "127.0.0.1:$extender_port" --namespace kube-system --identity demo
+fi
 wait_for 30 "the extender's /readyz" curl -sf "http://127.0.0.1:$extender_port/readyz"
 echo "ready"
 
@@ -320,9 +361,22 @@ for node in node-1 node-2; do
     dir="$cluster/nodes/$node"
     port=$(free_port "$port")
     metrics_port[$node]=$port
-    start_bg "$cluster/logs/plugin-$node.log" env TESSERA_LOG=info NO_COLOR=1 "$plugin" \
+    if [ -n "$images" ]; then
+        # As the DaemonSet: privileged, the host's pids, the driver's root
+        # at /driver-root (--host-driver-root: where the host has it; the
+        # DaemonSet's is read-only, the simulated driver keeps its state in
+        # files there), the kubelet's, CDI and state directories and the
+        # packages' files at their host paths.
+        launch=("${podman_run[@]}" --name "$container_prefix-plugin-$node" --privileged --pid=host
+            -v "$dir:/driver-root" -v "$dir:$dir" -v "$prefix:$prefix:ro" -v "$KUBECONFIG:$KUBECONFIG:ro"
+            -v "$work/cluster.yaml:$work/cluster.yaml:ro" "$plugin_image"
+            --driver-root /driver-root --host-driver-root "$dir")
+    else
+        launch=(env TESSERA_LOG=info NO_COLOR=1 "$plugin" --driver-root "$dir")
+    fi
+    start_bg "$cluster/logs/plugin-$node.log" "${launch[@]}" \
         --node-name "$node" --kubeconfig "$KUBECONFIG" --config "$work/cluster.yaml" \
-        --driver-root "$dir" --kubelet-dir "$dir/var/lib/kubelet" --cdi-dir "$dir/cdi" \
+        --kubelet-dir "$dir/var/lib/kubelet" --cdi-dir "$dir/cdi" \
         --state-dir "$dir/var/lib/tessera" --cdi-mode cdi-field \
         --hook-path "$hook" --hook-config "$dir/etc/tessera/hook.toml" \
         --vgpu-library "$vgpu_lib" --metrics-listen "127.0.0.1:$port"

@@ -7,7 +7,10 @@
 #      packaging/debian/<package>/lintian-overrides, each with its reason);
 #   3. each .rpm (`rpm -qlp --scripts`): the same files as its .deb (but what
 #      only dpkg reads) and scriptlets made from the deb maintainer scripts;
-#   4. snapshots the machine, `dpkg -i` both .debs, runs the installed
+#   4. the images the manifests name (scripts/image.sh), through the demo
+#      run with them (`demo.sh --images --no-build`): --version, no shell,
+#      labels, the extender's user;
+#   5. snapshots the machine, `dpkg -i` both .debs, runs the installed
 #      binaries, checks the hook is static, `systemd-analyze verify` of every
 #      installed unit, the demo on the installed packages
 #      (`demo.sh --installed --no-build`), `dpkg -r`, `dpkg --purge`, and
@@ -17,7 +20,7 @@
 #
 # Usage: bash scripts/test-packages.sh [--profile dev|release] [--no-build] [--no-demo]
 #   --no-build  test the packages already in target/package/
-#   --no-demo   skip the demo run (it is the slowest step)
+#   --no-demo   skip the demo runs and the images (the slowest steps)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$tessera_root"
@@ -124,6 +127,36 @@ for p in "${packages[@]}"; do
     done
     grep -q '^/usr/lib/systemd/system/' "$work/rpm-files.$p" || fail "${rpm[$p]##*/} has no systemd unit"
 done
+
+if [ -z "$no_demo" ]; then
+    step "images (scripts/image.sh) and the demo with them (demo.sh --images)"
+    # The extender and the plugins run from the images, as the manifests run
+    # them; the whole output stays in target/package/demo-images.log.
+    if ! bash scripts/demo.sh --images --no-build >"$out/demo-images.log" 2>&1; then
+        tail -n 40 "$out/demo-images.log" >&2
+        fail "scripts/demo.sh --images --no-build (last lines above; all in $out/demo-images.log)"
+    fi
+    version=$(dpkg-deb -f "${deb[tessera-cluster]}" Version)
+    version=${version%-*}
+    for program in tessera-device-plugin tessera-scheduler-extender; do
+        image=localhost/$program:$version
+        # The manifests name the image (less a registry) that image.sh builds.
+        grep -q "image: $program:$version\$" packaging/kubernetes/*.yaml ||
+            fail "no manifest in packaging/kubernetes names $program:$version"
+        got=$(podman run --rm --network=none --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
+            "$image" --version 2>&1) || fail "$image --version: $got"
+        [ "$got" = "$program $version" ] || fail "$image --version printed '$got'"
+        # Nothing to run but the program: no shell, no package manager.
+        if podman run --rm --network=none --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
+            --entrypoint /bin/sh "$image" -c true >/dev/null 2>&1; then
+            fail "$image has a shell"
+        fi
+        [ "$(podman image inspect --format '{{index .Labels "org.opencontainers.image.version"}}' "$image")" = "$version" ] ||
+            fail "$image: label org.opencontainers.image.version is not $version"
+    done
+    [ "$(podman image inspect --format '{{.Config.User}}' "localhost/tessera-scheduler-extender:$version")" = 65532:65532 ] ||
+        fail "the extender's image does not run as 65532:65532"
+fi
 
 # The machine's state that installing, running and purging may touch: every
 # file and directory (type, mode, owner; size and mtime for non-directories,
