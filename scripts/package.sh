@@ -59,7 +59,7 @@ export CARGO_INCREMENTAL=0
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
 export SOURCE_DATE_EPOCH
 
-for tool in jq help2man strip gzip; do
+for tool in jq help2man strip gzip dpkg-parsechangelog; do
     command -v "$tool" >/dev/null 2>&1 || die "$tool is missing (source scripts/lib.sh; tessera_install_packaging_tools)"
 done
 cargo deb --version >/dev/null 2>&1 || die "cargo-deb is missing (source scripts/lib.sh; tessera_install_packaging_tools)"
@@ -67,6 +67,20 @@ if [ -z "$deb_only" ]; then
     cargo generate-rpm --version >/dev/null 2>&1 ||
         die "cargo-generate-rpm is missing (source scripts/lib.sh; tessera_install_packaging_tools)"
 fi
+
+metadata=$(cargo metadata --no-deps --format-version 1 --locked)
+
+# One version, the workspace's (Cargo.toml): the Debian changelog's top entry
+# and the images the manifests name must say the same, or the packages would
+# ship a changelog or manifests of another release.
+workspace_version=$(jq -r '.packages[] | select(.name == "tessera-cdi") | .version' <<<"$metadata")
+changelog_version=$(dpkg-parsechangelog -l packaging/debian/changelog -S Version)
+[ "$changelog_version" = "$workspace_version-1" ] ||
+    die "packaging/debian/changelog: its top entry is $changelog_version, the workspace is $workspace_version: add an entry for $workspace_version-1"
+for image in tessera-device-plugin tessera-scheduler-extender; do
+    grep -q "^ *image: $image:$workspace_version\$" packaging/kubernetes/*.yaml ||
+        die "packaging/kubernetes: no manifest names the image $image:$workspace_version (the workspace's version)"
+done
 
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 case "$profile" in
@@ -141,7 +155,6 @@ man_page kubectl-tessera "kubectl plugin showing Tessera's GPU allocations"
 
 # package name → crate holding its metadata
 declare -A crate_of=([tessera-node]=tessera-cdi [tessera-cluster]=tessera-device-plugin)
-metadata=$(cargo metadata --no-deps --format-version 1 --locked)
 
 # The rpm scriptlets: each deb maintainer script after a line setting dpkg's
 # arguments from rpm's ($1: how many instances remain or will be installed).
