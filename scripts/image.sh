@@ -19,13 +19,11 @@
 # tag is the package's upstream version (0.1.0 for 0.1.0-1), as the manifests
 # name it. Image times are the last commit's (SOURCE_DATE_EPOCH).
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+root=$tessera_root
 cd "$root"
 
-usage() {
-    sed -n 's/^# \{0,1\}//; /^Usage:/,/^$/p' "${BASH_SOURCE[0]}" | sed '/^$/q' >&2
-    exit 2
-}
+usage() { tessera_usage "${BASH_SOURCE[0]}"; }
 die() {
     echo "image.sh: $*" >&2
     exit 1

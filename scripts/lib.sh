@@ -3,6 +3,13 @@
 
 tessera_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
+# Prints the usage paragraph of a script's header comment (from "Usage:" to
+# the first blank comment line) on stderr, and exits 2.
+tessera_usage() {
+    sed -n 's/^# \{0,1\}//; /^Usage:/,/^$/p' "$1" | sed '/^$/q' >&2
+    exit 2
+}
+
 # Debian packages the demo and the tests use: real runtimes and a static busybox
 # for container root filesystems.
 TESSERA_APT_PACKAGES=(podman runc crun busybox-static jq hyperfine ca-certificates curl build-essential pkg-config)

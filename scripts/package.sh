@@ -21,13 +21,11 @@
 # scriptlets, from the deb maintainer scripts with a first line that maps rpm's
 # arguments to dpkg's.
 set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+root=$tessera_root
 cd "$root"
 
-usage() {
-    sed -n 's/^# \{0,1\}//; /^Usage:/,/^$/p' "${BASH_SOURCE[0]}" | sed '/^$/q' >&2
-    exit 2
-}
+usage() { tessera_usage "${BASH_SOURCE[0]}"; }
 die() {
     echo "package.sh: $*" >&2
     exit 1

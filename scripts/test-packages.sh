@@ -25,10 +25,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$tessera_root"
 
-usage() {
-    sed -n 's/^# \{0,1\}//; /^Usage:/,/^$/p' "${BASH_SOURCE[0]}" | sed '/^$/q' >&2
-    exit 2
-}
+usage() { tessera_usage "${BASH_SOURCE[0]}"; }
 profile=dev
 no_build=
 no_demo=
