@@ -106,11 +106,7 @@ async fn allocate_dies_at_every_crash_point_leaving_a_record_that_covers_it() ->
             .with_context(|| format!("{point}: a record"))?;
         let gis = w.driver.gpu_instances(MIG_GPU)?;
         let instance = &record.instances[0];
-        let spec = w
-            .ctx
-            .config
-            .cdi_dir
-            .join(format!("tessera.io-alloc_{id}.json"));
+        let spec = transient_spec_path(&w, &id);
         match *point {
             failpoint::ALLOCATE_AFTER_INTENT => {
                 assert!(gis.is_empty(), "{point}: {gis:?}");

@@ -134,11 +134,7 @@ async fn mig_reservations_are_realized_exactly_or_fail_leaving_nothing() -> Resu
     );
     assert_eq!(lease_holder(&w.kube).await?, None, "lock released");
 
-    let spec_path = w
-        .ctx
-        .config
-        .cdi_dir
-        .join(format!("tessera.io-alloc_{id}.json"));
+    let spec_path = transient_spec_path(&w, &id);
     let spec: Spec = serde_json::from_slice(&std::fs::read(&spec_path)?)?;
     spec.validate_tessera()
         .map_err(|p| anyhow::anyhow!("{p:?}"))?;

@@ -133,12 +133,7 @@ async fn a_share_pod_gets_its_slice_in_every_form() -> Result<()> {
         std::fs::read_to_string(&preload)?,
         "/usr/local/tessera/libtessera_vgpu.so\n"
     );
-    let spec: Spec = serde_json::from_slice(&std::fs::read(
-        w.ctx
-            .config
-            .cdi_dir
-            .join(format!("tessera.io-alloc_{id}.json")),
-    )?)?;
+    let spec: Spec = serde_json::from_slice(&std::fs::read(transient_spec_path(&w, &id))?)?;
     spec.validate_tessera()
         .map_err(|p| anyhow::anyhow!("{p:?}"))?;
     let hooks: Vec<&str> = spec.devices[0]
@@ -383,12 +378,7 @@ async fn a_plugin_seeing_the_driver_elsewhere_names_host_paths() -> Result<()> {
         .await?;
         let id = alloc_id(&pod, 0);
         allocator.allocate(request(&["gpu-0-1"])).await?;
-        let spec: Spec = serde_json::from_slice(&std::fs::read(
-            w.ctx
-                .config
-                .cdi_dir
-                .join(format!("tessera.io-alloc_{id}.json")),
-        )?)?;
+        let spec: Spec = serde_json::from_slice(&std::fs::read(transient_spec_path(&w, &id))?)?;
         let edits = &spec.devices[0].container_edits;
         let mut paths: Vec<String> = edits.mounts.iter().map(|m| m.host_path.clone()).collect();
         paths.extend(

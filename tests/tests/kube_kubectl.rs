@@ -22,7 +22,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tessera_test_support::kube::{self as tkube, Cluster, KUBECONFIG_ENV, StandInApiServer};
+use tessera_test_support::kube::{
+    self as tkube, Cluster, KUBECONFIG_ENV, StandInApiServer, kubectl_stdout,
+};
 use tessera_test_support::{Need, require};
 
 fn needs() -> Vec<Need> {
@@ -44,21 +46,6 @@ fn kubectl_output(kubeconfig: &Path, args: &[&str]) -> Result<Output> {
         .args(args)
         .output()
         .with_context(|| format!("running kubectl {}", args.join(" ")))
-}
-
-/// Runs kubectl and returns its stdout; fails with its stderr when it fails.
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String> {
-    let out = kubectl_output(kubeconfig, args)?;
-    if !out.status.success() {
-        bail!(
-            "kubectl {} failed ({}):\n{}{}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// A kubectl table (`get`, `api-resources`): the header's column names and
@@ -263,7 +250,7 @@ fn get_prints_server_side_tables_with_kubectls_columns() -> Result<()> {
         anyhow::Ok((pod, crash))
     })?;
 
-    let nodes = Table::parse(&kubectl(kc, &["get", "nodes"])?)?;
+    let nodes = Table::parse(&kubectl_stdout(kc, &["get", "nodes"])?)?;
     assert_eq!(nodes.columns, ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]);
     let row = nodes.row(&node_name)?;
     assert_eq!(row["STATUS"], "Ready");
@@ -275,7 +262,10 @@ fn get_prints_server_side_tables_with_kubectls_columns() -> Result<()> {
         "a fresh node's age: {age}"
     );
 
-    let wide = Table::parse(&kubectl(kc, &["get", "node", &node_name, "-o", "wide"])?)?;
+    let wide = Table::parse(&kubectl_stdout(
+        kc,
+        &["get", "node", &node_name, "-o", "wide"],
+    )?)?;
     assert_eq!(
         wide.columns,
         [
@@ -298,7 +288,7 @@ fn get_prints_server_side_tables_with_kubectls_columns() -> Result<()> {
     assert_eq!(row["KERNEL-VERSION"], "6.1.0-test");
     assert_eq!(row["CONTAINER-RUNTIME"], "containerd://1.7.24");
 
-    let pods = Table::parse(&kubectl(kc, &["get", "pods", "-n", &ns])?)?;
+    let pods = Table::parse(&kubectl_stdout(kc, &["get", "pods", "-n", &ns])?)?;
     assert_eq!(pods.columns, ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]);
     let mut names = pods.first_cells();
     names.sort();
@@ -322,7 +312,10 @@ fn get_prints_server_side_tables_with_kubectls_columns() -> Result<()> {
         ("1/2", "CrashLoopBackOff", "3")
     );
 
-    let wide = Table::parse(&kubectl(kc, &["get", "pods", "-n", &ns, "-o", "wide"])?)?;
+    let wide = Table::parse(&kubectl_stdout(
+        kc,
+        &["get", "pods", "-n", &ns, "-o", "wide"],
+    )?)?;
     assert_eq!(
         wide.columns,
         [
@@ -342,13 +335,15 @@ fn get_prints_server_side_tables_with_kubectls_columns() -> Result<()> {
     assert_eq!(web["NODE"], node_name);
     assert_eq!(web["NOMINATED NODE"], "<none>");
 
-    let namespaces = Table::parse(&kubectl(kc, &["get", "ns"])?)?;
+    let namespaces = Table::parse(&kubectl_stdout(kc, &["get", "ns"])?)?;
     assert_eq!(namespaces.columns, ["NAME", "STATUS", "AGE"]);
     assert_eq!(namespaces.row(&ns)?["STATUS"], "Active");
 
     // -o json: the objects as stored, the same uid kube-rs saw.
-    let list: Value =
-        serde_json::from_str(&kubectl(kc, &["get", "pods", "-n", &ns, "-o", "json"])?)?;
+    let list: Value = serde_json::from_str(&kubectl_stdout(
+        kc,
+        &["get", "pods", "-n", &ns, "-o", "json"],
+    )?)?;
     assert_eq!(list["kind"], "List");
     let uids: Vec<&str> = list["items"]
         .as_array()
@@ -359,7 +354,7 @@ fn get_prints_server_side_tables_with_kubectls_columns() -> Result<()> {
     let want_uid = pod.metadata.uid.as_deref().context("pod uid")?;
     assert!(uids.contains(&want_uid), "{uids:?} lacks {want_uid}");
     assert!(uids.contains(&crash.metadata.uid.as_deref().context("uid")?));
-    let one: Value = serde_json::from_str(&kubectl(
+    let one: Value = serde_json::from_str(&kubectl_stdout(
         kc,
         &["get", "pod", "web", "-n", &ns, "-o", "json"],
     )?)?;
@@ -368,7 +363,7 @@ fn get_prints_server_side_tables_with_kubectls_columns() -> Result<()> {
     assert_eq!(one["status"]["podIP"], "10.9.8.7");
 
     // -o yaml: the same object; top-level keys and the uid line.
-    let yaml = kubectl(kc, &["get", "pod", "web", "-n", &ns, "-o", "yaml"])?;
+    let yaml = kubectl_stdout(kc, &["get", "pod", "web", "-n", &ns, "-o", "yaml"])?;
     let top: Vec<&str> = yaml
         .lines()
         .filter(|l| !l.starts_with(' ') && l.contains(':'))
@@ -421,7 +416,7 @@ fn describe_shows_the_objects_events() -> Result<()> {
         anyhow::Ok(())
     })?;
 
-    let text = kubectl(kc, &["describe", "pod", "web", "-n", &ns])?;
+    let text = kubectl_stdout(kc, &["describe", "pod", "web", "-n", &ns])?;
     let field = |text: &str, key: &str| -> Option<String> {
         text.lines()
             .find(|l| l.starts_with(&format!("{key}:")))
@@ -448,7 +443,7 @@ fn describe_shows_the_objects_events() -> Result<()> {
         "{line}"
     );
 
-    let text = kubectl(kc, &["describe", "node", &node_name])?;
+    let text = kubectl_stdout(kc, &["describe", "node", &node_name])?;
     assert_eq!(
         field(&text, "Name").as_deref(),
         Some(node_name.as_str()),
@@ -504,7 +499,7 @@ fn apply_creates_then_patches_the_same_object() -> Result<()> {
     let file = dir.path().join("pod.yaml");
     std::fs::write(&file, manifest("one", "busybox:1"))?;
     let path = file.to_str().context("path")?;
-    let out = kubectl(kc, &["apply", "-f", path])?;
+    let out = kubectl_stdout(kc, &["apply", "-f", path])?;
     assert_eq!(out.trim(), "pod/applied created");
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
     let first = rt.block_on(pods.get("applied"))?;
@@ -518,12 +513,12 @@ fn apply_creates_then_patches_the_same_object() -> Result<()> {
     assert_eq!(last_applied["metadata"]["labels"]["tier"], "one");
 
     // The same again: nothing to do.
-    let out = kubectl(kc, &["apply", "-f", path])?;
+    let out = kubectl_stdout(kc, &["apply", "-f", path])?;
     assert_eq!(out.trim(), "pod/applied unchanged");
 
     // Edited: a label changed and an image changed → patched in place.
     std::fs::write(&file, manifest("two", "busybox:2"))?;
-    let out = kubectl(kc, &["apply", "-f", path])?;
+    let out = kubectl_stdout(kc, &["apply", "-f", path])?;
     assert_eq!(out.trim(), "pod/applied configured");
     let second = rt.block_on(pods.get("applied"))?;
     assert_eq!(
@@ -566,7 +561,7 @@ fn apply_creates_then_patches_the_same_object() -> Result<()> {
         ),
     )?;
     assert_eq!(
-        kubectl(kc, &["apply", "-f", cm.to_str().context("path")?])?.trim(),
+        kubectl_stdout(kc, &["apply", "-f", cm.to_str().context("path")?])?.trim(),
         "configmap/conf created"
     );
     std::fs::write(
@@ -576,7 +571,7 @@ fn apply_creates_then_patches_the_same_object() -> Result<()> {
         ),
     )?;
     assert_eq!(
-        kubectl(kc, &["apply", "-f", cm.to_str().context("path")?])?.trim(),
+        kubectl_stdout(kc, &["apply", "-f", cm.to_str().context("path")?])?.trim(),
         "configmap/conf configured"
     );
     let data = rt
@@ -649,7 +644,7 @@ fn patch_of_each_type_label_and_delete() -> Result<()> {
     };
 
     // Strategic merge: the containers list is merged by name (b is kept).
-    let out = kubectl(
+    let out = kubectl_stdout(
         kc,
         &patch_p(
             "--type=strategic",
@@ -674,7 +669,7 @@ fn patch_of_each_type_label_and_delete() -> Result<()> {
     );
 
     // JSON merge patch: maps merge, null deletes.
-    kubectl(
+    kubectl_stdout(
         kc,
         &patch_p(
             "--type=merge",
@@ -682,7 +677,7 @@ fn patch_of_each_type_label_and_delete() -> Result<()> {
         ),
     )?;
     // JSON patch.
-    kubectl(
+    kubectl_stdout(
         kc,
         &patch_p(
             "--type=json",
@@ -691,7 +686,7 @@ fn patch_of_each_type_label_and_delete() -> Result<()> {
     )?;
     // label, and --overwrite to change one.
     assert_eq!(
-        kubectl(kc, &["label", "pod", "p", "-n", &ns, "tier=gpu"])?.trim(),
+        kubectl_stdout(kc, &["label", "pod", "p", "-n", &ns, "tier=gpu"])?.trim(),
         "pod/p labeled"
     );
     let refused = kubectl_output(kc, &["label", "pod", "p", "-n", &ns, "tier=cpu"])?;
@@ -699,7 +694,7 @@ fn patch_of_each_type_label_and_delete() -> Result<()> {
         !refused.status.success(),
         "relabelling without --overwrite must fail"
     );
-    kubectl(
+    kubectl_stdout(
         kc,
         &["label", "pod", "p", "-n", &ns, "tier=cpu", "--overwrite"],
     )?;
@@ -731,7 +726,7 @@ fn patch_of_each_type_label_and_delete() -> Result<()> {
 
     // delete pod --wait=false: the pod is bound and no kubelet confirms, so
     // it stays, marked for deletion, and kubectl shows it Terminating.
-    let out = kubectl(kc, &["delete", "pod", "p", "-n", &ns, "--wait=false"])?;
+    let out = kubectl_stdout(kc, &["delete", "pod", "p", "-n", &ns, "--wait=false"])?;
     assert_eq!(out.trim(), r#"pod "p" deleted"#);
     let pod = rt
         .block_on(pods.get_opt("p"))?
@@ -740,10 +735,10 @@ fn patch_of_each_type_label_and_delete() -> Result<()> {
         pod.metadata.deletion_timestamp.is_some(),
         "no deletionTimestamp"
     );
-    let table = Table::parse(&kubectl(kc, &["get", "pod", "p", "-n", &ns])?)?;
+    let table = Table::parse(&kubectl_stdout(kc, &["get", "pod", "p", "-n", &ns])?)?;
     assert_eq!(table.row("p")?["STATUS"], "Terminating");
     // Deleting it for good (what a kubelet does once the containers are gone).
-    kubectl(
+    kubectl_stdout(
         kc,
         &[
             "delete",
@@ -759,7 +754,7 @@ fn patch_of_each_type_label_and_delete() -> Result<()> {
         rt.block_on(pods.get_opt("p"))?.is_none(),
         "a forced delete removes the pod"
     );
-    let out = kubectl(kc, &["delete", "configmap", "c", "-n", &ns])?;
+    let out = kubectl_stdout(kc, &["delete", "configmap", "c", "-n", &ns])?;
     assert_eq!(out.trim(), r#"configmap "c" deleted"#);
     let missing = kubectl_output(kc, &["get", "configmap", "c", "-n", &ns])?;
     assert!(!missing.status.success());
@@ -796,7 +791,10 @@ fn field_and_label_selectors_pick_the_pods() -> Result<()> {
     let names = |args: &[&str]| -> Result<Vec<String>> {
         let mut all = vec!["get", "pods", "-n", ns.as_str(), "-o", "name"];
         all.extend_from_slice(args);
-        let mut names: Vec<String> = kubectl(kc, &all)?.lines().map(str::to_owned).collect();
+        let mut names: Vec<String> = kubectl_stdout(kc, &all)?
+            .lines()
+            .map(str::to_owned)
+            .collect();
         names.sort();
         Ok(names)
     };
@@ -815,7 +813,7 @@ fn field_and_label_selectors_pick_the_pods() -> Result<()> {
         ["pod/c1"]
     );
     // As a table too: the server filters before printing.
-    let table = Table::parse(&kubectl(
+    let table = Table::parse(&kubectl_stdout(
         kc,
         &[
             "get",
@@ -842,7 +840,7 @@ fn discovery_lists_what_is_served_and_unknown_resources_are_refused() -> Result<
     let cluster = Cluster::get()?;
     let kc = cluster.kubeconfig();
 
-    let table = Table::parse(&kubectl(kc, &["api-resources"])?)?;
+    let table = Table::parse(&kubectl_stdout(kc, &["api-resources"])?)?;
     assert_eq!(
         table.columns,
         ["NAME", "SHORTNAMES", "APIVERSION", "NAMESPACED", "KIND"]
@@ -879,7 +877,7 @@ fn discovery_lists_what_is_served_and_unknown_resources_are_refused() -> Result<
     // Subresources are not resources of their own.
     assert!(!table.first_cells().iter().any(|n| n.contains('/')));
 
-    let versions: Vec<String> = kubectl(kc, &["api-versions"])?
+    let versions: Vec<String> = kubectl_stdout(kc, &["api-versions"])?
         .lines()
         .map(str::to_owned)
         .collect();
@@ -890,7 +888,7 @@ fn discovery_lists_what_is_served_and_unknown_resources_are_refused() -> Result<
         );
     }
 
-    let version: Value = serde_json::from_str(&kubectl(kc, &["version", "-o", "json"])?)?;
+    let version: Value = serde_json::from_str(&kubectl_stdout(kc, &["version", "-o", "json"])?)?;
     let server = &version["serverVersion"];
     let git = server["gitVersion"].as_str().context("gitVersion")?;
     assert_eq!(
@@ -910,7 +908,7 @@ fn discovery_lists_what_is_served_and_unknown_resources_are_refused() -> Result<
         );
     }
     // Explain reads the served OpenAPI schemas.
-    let explain = kubectl(kc, &["explain", "pod.spec.containers.resources"])?;
+    let explain = kubectl_stdout(kc, &["explain", "pod.spec.containers.resources"])?;
     ensure!(
         explain
             .lines()
@@ -954,10 +952,10 @@ fn concurrent_kubectl_clients_lose_no_write() -> Result<()> {
                         &file,
                         format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: own-{i}\n  namespace: {ns}\ndata:\n  i: \"{i}\"\n"),
                     )?;
-                    kubectl(kc, &["apply", "-f", file.to_str().context("path")?])?;
+                    kubectl_stdout(kc, &["apply", "-f", file.to_str().context("path")?])?;
                     let patch = format!(r#"{{"data":{{"k{i}":"{i}"}}}}"#);
-                    kubectl(kc, &["patch", "configmap", "shared", "-n", ns, "--type=merge", "-p", &patch])?;
-                    kubectl(kc, &["label", "configmap", "shared", "-n", ns, &format!("l{i}=x")])?;
+                    kubectl_stdout(kc, &["patch", "configmap", "shared", "-n", ns, "--type=merge", "-p", &patch])?;
+                    kubectl_stdout(kc, &["label", "configmap", "shared", "-n", ns, &format!("l{i}=x")])?;
                     Ok(())
                 })
             })
@@ -968,7 +966,7 @@ fn concurrent_kubectl_clients_lose_no_write() -> Result<()> {
         }
         Ok(())
     })?;
-    let names: Vec<String> = kubectl(kc, &["get", "configmaps", "-n", &ns, "-o", "name"])?
+    let names: Vec<String> = kubectl_stdout(kc, &["get", "configmaps", "-n", &ns, "-o", "name"])?
         .lines()
         .map(str::to_owned)
         .collect();
@@ -1021,7 +1019,7 @@ fn kubectl_finds_applied_objects_after_a_stand_in_restart() -> Result<()> {
         ),
     )?;
     let path = file.to_str().context("path")?;
-    let out = kubectl(server.kubeconfig(), &["apply", "-f", path])?;
+    let out = kubectl_stdout(server.kubeconfig(), &["apply", "-f", path])?;
     let mut lines: Vec<&str> = out.lines().collect();
     lines.sort();
     assert_eq!(
@@ -1032,13 +1030,13 @@ fn kubectl_finds_applied_objects_after_a_stand_in_restart() -> Result<()> {
             "pod/web created"
         ]
     );
-    let before: Value = serde_json::from_str(&kubectl(
+    let before: Value = serde_json::from_str(&kubectl_stdout(
         server.kubeconfig(),
         &["get", "pod", "web", "-n", &ns, "-o", "json"],
     )?)?;
 
     server.restart()?;
-    let after: Value = serde_json::from_str(&kubectl(
+    let after: Value = serde_json::from_str(&kubectl_stdout(
         server.kubeconfig(),
         &["get", "pod", "web", "-n", &ns, "-o", "json"],
     )?)?;
@@ -1048,7 +1046,7 @@ fn kubectl_finds_applied_objects_after_a_stand_in_restart() -> Result<()> {
         before["metadata"]["resourceVersion"]
     );
     // The last-applied configuration survived: applying the same file changes nothing.
-    let out = kubectl(server.kubeconfig(), &["apply", "-f", path])?;
+    let out = kubectl_stdout(server.kubeconfig(), &["apply", "-f", path])?;
     let mut lines: Vec<&str> = out.lines().collect();
     lines.sort();
     assert_eq!(
@@ -1060,11 +1058,11 @@ fn kubectl_finds_applied_objects_after_a_stand_in_restart() -> Result<()> {
         ]
     );
     // And writes after the restart get newer resourceVersions.
-    kubectl(
+    kubectl_stdout(
         server.kubeconfig(),
         &["label", "pod", "web", "-n", &ns, "after=restart"],
     )?;
-    let relabelled: Value = serde_json::from_str(&kubectl(
+    let relabelled: Value = serde_json::from_str(&kubectl_stdout(
         server.kubeconfig(),
         &["get", "pod", "web", "-n", &ns, "-o", "json"],
     )?)?;

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tessera_model::contract::cluster;
 use tessera_model::sched::config::ClusterConfig;
-use tessera_test_support::kube::{StandInApiServer, kubectl_needs};
+use tessera_test_support::kube::{StandInApiServer, kubectl_needs, kubectl_stdout};
 use tessera_test_support::{Need, require};
 
 /// The folder `kubectl apply -f` takes.
@@ -972,22 +972,6 @@ fn the_config_map_carries_config_cluster_yaml_verbatim() -> Result<()> {
     Ok(())
 }
 
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String> {
-    let out = tessera_test_support::kube::kubectl(kubeconfig)
-        .args(args)
-        .output()
-        .with_context(|| format!("running kubectl {}", args.join(" ")))?;
-    ensure!(
-        out.status.success(),
-        "kubectl {} failed ({}):\n{}{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
-}
-
 /// kubectl's `<resource>.<group>/<name>` for a document.
 fn kubectl_name(doc: &Doc) -> String {
     let api_version = doc.value["apiVersion"].as_str().unwrap_or("");
@@ -1013,7 +997,7 @@ fn kubectl_apply_of_the_folder_creates_every_object_once() -> Result<()> {
     let dir = manifest_dir();
     let dir = dir.to_str().context("path")?;
 
-    let out = kubectl(kc, &["apply", "-f", dir])?;
+    let out = kubectl_stdout(kc, &["apply", "-f", dir])?;
     let mut got: Vec<String> = out.lines().map(str::to_owned).collect();
     got.sort();
     let mut want: Vec<String> = docs
@@ -1035,7 +1019,7 @@ fn kubectl_apply_of_the_folder_creates_every_object_once() -> Result<()> {
         if !ns.is_empty() {
             args.extend(["-n", ns]);
         }
-        let read: Value = serde_json::from_str(&kubectl(kc, &args)?)?;
+        let read: Value = serde_json::from_str(&kubectl_stdout(kc, &args)?)?;
         ensure!(read["kind"] == doc.value["kind"], "{name}: {read}");
         ensure!(read["metadata"]["name"] == doc.value["metadata"]["name"]);
         ensure!(
@@ -1057,7 +1041,7 @@ fn kubectl_apply_of_the_folder_creates_every_object_once() -> Result<()> {
         }
     }
 
-    let out = kubectl(kc, &["apply", "-f", dir])?;
+    let out = kubectl_stdout(kc, &["apply", "-f", dir])?;
     for line in out.lines() {
         ensure!(
             line.ends_with(" unchanged") || line.ends_with(" configured"),

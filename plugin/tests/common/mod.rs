@@ -12,7 +12,7 @@
 pub mod crash;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -279,14 +279,20 @@ pub fn alloc_id(pod: &PodRef, index: u32) -> String {
     format!("{}-{index}", pod.uid)
 }
 
-/// Whether nothing of allocation `id` is left: no spec, no directory, no record.
-pub fn nothing_left(world: &World, id: &str) -> Vec<String> {
-    let mut left = Vec::new();
-    let spec = world
+/// Where allocation `id`'s transient spec must be: the contract's name,
+/// spelt out here rather than taken from the plugin under test.
+pub fn transient_spec_path(world: &World, id: &str) -> PathBuf {
+    world
         .ctx
         .config
         .cdi_dir
-        .join(format!("tessera.io-alloc_{id}.json"));
+        .join(format!("tessera.io-alloc_{id}.json"))
+}
+
+/// Whether nothing of allocation `id` is left: no spec, no directory, no record.
+pub fn nothing_left(world: &World, id: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    let spec = transient_spec_path(world, id);
     if spec.exists() {
         left.push(format!("spec {}", spec.display()));
     }

@@ -64,6 +64,25 @@ pub fn kubectl(kubeconfig: &Path) -> Command {
     cmd
 }
 
+/// Runs [`kubectl`] with `args` and returns its stdout; fails with its
+/// stdout and stderr when it exits non-zero.
+pub fn kubectl_stdout(kubeconfig: &Path, args: &[&str]) -> Result<String> {
+    let out = kubectl(kubeconfig)
+        .args(args)
+        .output()
+        .with_context(|| format!("running kubectl {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {} failed ({}):\n{}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
 /// A kube-rs client for a kubeconfig file.
 pub async fn client(kubeconfig: &Path) -> Result<kube::Client> {
     let config = kube::config::Kubeconfig::read_from(kubeconfig)
