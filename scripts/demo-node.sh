@@ -55,7 +55,7 @@ in_container() {
     local args=()
     while [ "$1" != -- ]; do args+=("$1"); shift; done
     shift
-    podman run --rm --network none --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
+    podman run --rm --network none "${TESSERA_PODMAN_LIMITS[@]}" \
         "${args[@]}" --rootfs "$rootfs" /bin/sh -c "$*"
 }
 show_nodes='ls -l $(busybox find /dev -name "nvidia*" -type c | busybox sort)'

@@ -195,8 +195,7 @@ for f in "$scheduler_config_src" "$cluster_config_src"; do
 done
 # The containers' names: one set per work directory.
 container_prefix="tessera-demo-$(printf '%s' "$work" | sha256sum | cut -c1-8)"
-# The sandbox forbids raising rlimits; podman's defaults would.
-podman_run=(podman run --rm --replace --network=host --ulimit nofile=4096:4096 --ulimit nproc=4096:4096
+podman_run=(podman run --rm --replace --network=host "${TESSERA_PODMAN_LIMITS[@]}"
     -e TESSERA_LOG=info -e NO_COLOR=1)
 if [ -n "$images" ]; then
     step "images: scripts/image.sh --deb $cluster_deb" \

@@ -10,6 +10,11 @@ tessera_usage() {
     exit 2
 }
 
+# `podman run`'s rlimits: these sandboxed machines forbid raising them, which
+# podman's defaults would do (crun: "setrlimit RLIMIT_NOFILE: Operation not
+# permitted"). tests/support/src/podman.rs pins the same for the Rust tests.
+TESSERA_PODMAN_LIMITS=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
+
 # Debian packages the demo and the tests use: real runtimes and a static busybox
 # for container root filesystems.
 TESSERA_APT_PACKAGES=(podman runc crun busybox-static jq hyperfine ca-certificates curl build-essential pkg-config)

@@ -135,17 +135,16 @@ if [ -z "$no_demo" ]; then
     fi
     version=$(dpkg-deb -f "${deb[tessera-cluster]}" Version)
     version=${version%-*}
+    podman_run=(podman run --rm --network=none "${TESSERA_PODMAN_LIMITS[@]}")
     for program in tessera-device-plugin tessera-scheduler-extender; do
         image=localhost/$program:$version
         # The manifests name the image (less a registry) that image.sh builds.
         grep -q "image: $program:$version\$" packaging/kubernetes/*.yaml ||
             fail "no manifest in packaging/kubernetes names $program:$version"
-        got=$(podman run --rm --network=none --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
-            "$image" --version 2>&1) || fail "$image --version: $got"
+        got=$("${podman_run[@]}" "$image" --version 2>&1) || fail "$image --version: $got"
         [ "$got" = "$program $version" ] || fail "$image --version printed '$got'"
         # Nothing to run but the program: no shell, no package manager.
-        if podman run --rm --network=none --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 \
-            --entrypoint /bin/sh "$image" -c true >/dev/null 2>&1; then
+        if "${podman_run[@]}" --entrypoint /bin/sh "$image" -c true >/dev/null 2>&1; then
             fail "$image has a shell"
         fi
         [ "$(podman image inspect --format '{{index .Labels "org.opencontainers.image.version"}}' "$image")" = "$version" ] ||
